@@ -1,0 +1,269 @@
+"""From sentence pairs to padded batches: encoding, caching, length filtering and token batching.
+
+    corpus pairs -> sentencepiece (trained on train, cached) -> id tensors (cached) -> batches
+
+The cache lives under `<data_dir>/cache/<corpus>-<key>/`, where the key hashes every sentence of
+the corpus and every tokenizer setting: editing a file or a setting makes a new cache entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt.corpora import Corpus, Pair
+from nmt.tokenizer import BOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TokenizerSettings:
+    type: str = "unigram"
+    vocab_size: int = 8000
+    joint: bool = True
+    character_coverage: float = 1.0
+
+
+class EncodedSplit:
+    """Id sequences of one split stored as two flat int32 tensors plus offsets.
+
+    Indexing returns views (no copy). `src_lengths`/`tgt_lengths` include EOS.
+    """
+
+    def __init__(self, src: list[list[int]], tgt: list[list[int]]):
+        assert len(src) == len(tgt)
+        self.src_lengths = torch.tensor([len(s) for s in src], dtype=torch.long)
+        self.tgt_lengths = torch.tensor([len(t) for t in tgt], dtype=torch.long)
+        self.src = torch.tensor([i for s in src for i in s], dtype=torch.int32)
+        self.tgt = torch.tensor([i for t in tgt for i in t], dtype=torch.int32)
+        self._src_start = torch.cumsum(self.src_lengths, 0) - self.src_lengths
+        self._tgt_start = torch.cumsum(self.tgt_lengths, 0) - self.tgt_lengths
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def source(self, i: int) -> torch.Tensor:
+        s = int(self._src_start[i])
+        return self.src[s : s + int(self.src_lengths[i])]
+
+    def target(self, i: int) -> torch.Tensor:
+        s = int(self._tgt_start[i])
+        return self.tgt[s : s + int(self.tgt_lengths[i])]
+
+    def state_dict(self) -> dict:
+        return {"src": self.src, "tgt": self.tgt, "src_lengths": self.src_lengths, "tgt_lengths": self.tgt_lengths}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> EncodedSplit:
+        self = cls.__new__(cls)
+        self.src, self.tgt = d["src"], d["tgt"]
+        self.src_lengths, self.tgt_lengths = d["src_lengths"], d["tgt_lengths"]
+        self._src_start = torch.cumsum(self.src_lengths, 0) - self.src_lengths
+        self._tgt_start = torch.cumsum(self.tgt_lengths, 0) - self.tgt_lengths
+        return self
+
+
+@dataclass
+class PreparedData:
+    """Everything training needs: text pairs, tokenizer, encoded splits and what was dropped."""
+
+    corpus: Corpus
+    tokenizer: Tokenizer
+    encoded: dict[str, EncodedSplit]
+    kept: dict[str, list[int]]  # split -> indices into corpus.splits[split] that were encoded
+    dropped: dict[str, int]
+    cache_dir: Path
+
+    def pairs(self, split: str) -> list[Pair]:
+        """The text pairs of `split` in the order of `encoded[split]`."""
+        return [self.corpus.splits[split][i] for i in self.kept[split]]
+
+
+def corpus_key(corpus: Corpus, settings: TokenizerSettings, max_length: int) -> str:
+    """A hash of every sentence and every setting that shapes the cache."""
+    h = hashlib.sha256()
+    h.update(json.dumps([CACHE_VERSION, corpus.name, settings.__dict__, max_length]).encode())
+    for split in sorted(corpus.splits):
+        h.update(split.encode())
+        for s, t in corpus.splits[split]:
+            h.update(s.encode())
+            h.update(b"\t")
+            h.update(t.encode())
+            h.update(b"\n")
+    return h.hexdigest()[:16]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_dir: str | Path) -> PreparedData:
+    """Train (or reuse) the tokenizer, encode every split (or reuse the cache) and filter long pairs.
+
+    Training pairs with more than `max_length` pieces on either side are dropped (and counted);
+    validation and test pairs are always kept, since they are what we measure on.
+    """
+    cache_dir = Path(data_dir) / "cache" / f"{corpus.name}-{corpus_key(corpus, settings, max_length)}"
+    spm_src, spm_tgt, enc_path = cache_dir / "spm.src.model", cache_dir / "spm.tgt.model", cache_dir / "encoded.pt"
+    if enc_path.exists() and spm_src.exists() and spm_tgt.exists():
+        log.info("reusing cache %s", cache_dir)
+        tokenizer = Tokenizer(spm_src.read_bytes(), spm_tgt.read_bytes())
+        blob = torch.load(enc_path, weights_only=True)
+        encoded = {k: EncodedSplit.from_state_dict(v) for k, v in blob["encoded"].items()}
+        return PreparedData(corpus, tokenizer, encoded, blob["kept"], blob["dropped"], cache_dir)
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(corpus.splits["train"], settings)
+    encoded, kept = {}, {}
+    dropped = dict(corpus.dropped)
+    for split, pairs in corpus.splits.items():
+        src = tokenizer.encode_src([s for s, _ in pairs])
+        tgt = tokenizer.encode_tgt([t for _, t in pairs])
+        keep = list(range(len(pairs)))
+        if split == "train":
+            keep = [i for i in keep if len(src[i]) <= max_length and len(tgt[i]) <= max_length]
+            dropped[f"longer than {max_length} pieces (train only)"] = len(pairs) - len(keep)
+        encoded[split] = EncodedSplit([src[i] for i in keep], [tgt[i] for i in keep])
+        kept[split] = keep
+    _write_atomic(spm_src, tokenizer.src_model)
+    _write_atomic(spm_tgt, tokenizer.tgt_model)
+    tmp = enc_path.with_suffix(".tmp")
+    torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
+    os.replace(tmp, enc_path)
+    return PreparedData(corpus, tokenizer, encoded, kept, dropped, cache_dir)
+
+
+def train_tokenizer(train_pairs: list[Pair], settings: TokenizerSettings) -> Tokenizer:
+    """Train joint or separate SentencePiece models on the training pairs only."""
+    src = [s for s, _ in train_pairs]
+    tgt = [t for _, t in train_pairs]
+    args = (settings.vocab_size, settings.type, settings.character_coverage)
+    if settings.joint:
+        model = train_sentencepiece(src + tgt, *args)
+        return Tokenizer(model, model)
+    return Tokenizer(train_sentencepiece(src, *args), train_sentencepiece(tgt, *args))
+
+
+# --------------------------------------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    """A padded batch. Shapes: B sentences, S source length, T target length (with BOS/EOS shifts)."""
+
+    src: torch.Tensor  # (B, S) long, PAD_ID after each sentence's EOS
+    src_lengths: torch.Tensor  # (B,) long, on the CPU (pack_padded_sequence wants it there)
+    tgt_in: torch.Tensor  # (B, T) BOS + target
+    tgt_out: torch.Tensor  # (B, T) target + EOS
+    indices: torch.Tensor  # (B,) positions in the split
+    n_tokens: int  # real target tokens (EOS included): the loss is normalised by this
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(
+            self.src.to(device, non_blocking=non_blocking),
+            self.src_lengths,
+            self.tgt_in.to(device, non_blocking=non_blocking),
+            self.tgt_out.to(device, non_blocking=non_blocking),
+            self.indices,
+            self.n_tokens,
+        )
+
+
+def collate(split: EncodedSplit, indices: list[int]) -> Batch:
+    """Pad the sentences `indices` of `split` into a Batch."""
+    srcs = [split.source(i) for i in indices]
+    tgts = [split.target(i) for i in indices]
+    B, S, T = len(indices), max(len(s) for s in srcs), max(len(t) for t in tgts)
+    src = torch.full((B, S), PAD_ID, dtype=torch.long)
+    tgt_in = torch.full((B, T), PAD_ID, dtype=torch.long)
+    tgt_out = torch.full((B, T), PAD_ID, dtype=torch.long)
+    for b, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
+        src[b, : len(s)] = s
+        tgt_out[b, : len(t)] = t
+        tgt_in[b, 0] = BOS_ID
+        tgt_in[b, 1 : len(t)] = t[:-1]
+    lengths = torch.tensor([len(s) for s in srcs], dtype=torch.long)
+    n_tokens = sum(len(t) for t in tgts)
+    return Batch(src, lengths, tgt_in, tgt_out, torch.tensor(indices), n_tokens)
+
+
+class TokenBatchSampler:
+    """Batches of similar-length sentences whose padded size stays under `batch_tokens`.
+
+    Each epoch: shuffle (seeded by seed + epoch), sort by length in chunks of `sort_pool` batches so
+    neighbours have similar lengths, cut into batches where `n * max(src_len, tgt_len) <= batch_tokens`,
+    then shuffle the batch order. The same seed and epoch always give the same batches.
+
+    With `world_size > 1` (DistributedDataParallel), each global batch is dealt round-robin to the ranks:
+    rank r trains on sentences r, r + world, ... of every batch, so every rank takes the same number of
+    steps, the ranks' shards are disjoint, and together they cover every sentence once per epoch.
+    """
+
+    def __init__(
+        self,
+        src_lengths: torch.Tensor,
+        tgt_lengths: torch.Tensor,
+        batch_tokens: int,
+        seed: int,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        sort_pool: int = 100,
+    ):
+        self.lengths = torch.maximum(src_lengths, tgt_lengths).tolist()
+        self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
+        self.rank, self.world_size, self.sort_pool = rank, world_size, sort_pool
+
+    def global_batches(self, epoch: int) -> list[list[int]]:
+        """All batches of `epoch` before sharding."""
+        order = list(range(len(self.lengths)))
+        rng = random.Random(self.seed * 100_003 + epoch)
+        if self.shuffle:
+            rng.shuffle(order)
+            mean_len = max(1, sum(self.lengths) // max(1, len(self.lengths)))
+            pool = self.sort_pool * max(1, self.batch_tokens // mean_len)
+            chunks = [order[i : i + pool] for i in range(0, len(order), pool)]
+            order = [i for chunk in chunks for i in sorted(chunk, key=self.lengths.__getitem__)]
+        else:
+            order.sort(key=self.lengths.__getitem__)
+        batches, current, longest = [], [], 0
+        for i in order:
+            n_longest = max(longest, self.lengths[i])
+            if current and n_longest * (len(current) + 1) > self.batch_tokens and len(current) >= self.world_size:
+                batches.append(current)
+                current, n_longest = [], self.lengths[i]
+            current.append(i)
+            longest = n_longest
+        if current:
+            batches.append(current)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of `epoch`."""
+        return [b[self.rank :: self.world_size] for b in self.global_batches(epoch)]
+
+    def __len__(self) -> int:
+        return len(self.global_batches(0))
+
+
+def padding_overhead(split: EncodedSplit, batches: list[list[int]]) -> tuple[int, int]:
+    """(real tokens, padded tokens) over source and target of `batches`."""
+    real = padded = 0
+    for b in batches:
+        sl, tl = split.src_lengths[b], split.tgt_lengths[b]
+        real += int(sl.sum() + tl.sum())
+        padded += len(b) * int(sl.max() + tl.max())
+    return real, padded

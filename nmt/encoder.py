@@ -1,0 +1,74 @@
+"""The encoder: embeddings and a (bi)LSTM over the source sentence.
+
+Shapes: B batch, S source length, E embedding size, H hidden size per direction,
+D = H * directions (the size of each encoder state), L layers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.tokenizer import PAD_ID
+
+
+class EncoderOutput(NamedTuple):
+    states: Tensor  # (B, S, D) top-layer output at every position, zero on padding
+    final_h: Tensor  # (L, B, D) last hidden state per layer, directions joined [fwd; bwd]
+    final_c: Tensor  # (L, B, D) last cell state per layer, directions joined
+    mask: Tensor  # (B, S) True on real tokens
+
+    @property
+    def summary(self) -> Tensor:
+        """The fixed-length sentence vector (B, D): the top layer's final state, [fwd at the last real
+        token; bwd at the first token]. It is what `attention=none` reads at every step."""
+        return self.final_h[-1]
+
+
+class Encoder(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bidirectional: bool = True,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, embed_size, padding_idx=PAD_ID)
+        self.dropout = nn.Dropout(dropout)
+        self.rnn = nn.LSTM(
+            embed_size,
+            hidden_size,
+            num_layers=num_layers,
+            bidirectional=bidirectional,
+            batch_first=True,
+            dropout=dropout if num_layers > 1 else 0.0,
+        )
+        self.num_layers, self.directions = num_layers, 2 if bidirectional else 1
+        self.output_size = hidden_size * self.directions
+
+    def forward(self, src: Tensor, lengths: Tensor) -> EncoderOutput:
+        """src (B, S) ids, lengths (B,) real lengths on the CPU -> EncoderOutput."""
+        B, S = src.shape
+        mask = src != PAD_ID  # (B, S)
+        x = self.dropout(self.embed(src))  # (B, S, E)
+        if int(lengths.min()) == S:
+            # every sentence fills the batch: no packing needed (and the faster LSTM kernel applies)
+            states, (h, c) = self.rnn(x)
+        else:
+            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+            packed_states, (h, c) = self.rnn(packed)
+            states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=S)  # (B, S, D)
+        states = self.dropout(states)
+        return EncoderOutput(states, self._join(h), self._join(c), mask)
+
+    def _join(self, h: Tensor) -> Tensor:
+        """(L * dirs, B, H), ordered [fwd_1, bwd_1, fwd_2, ...] by PyTorch -> (L, B, dirs * H)."""
+        LD, B, H = h.shape
+        h = h.view(self.num_layers, self.directions, B, H)  # (L, dirs, B, H)
+        return h.transpose(1, 2).reshape(self.num_layers, B, self.directions * H)  # (L, B, D)

@@ -1,0 +1,116 @@
+"""The sequence-to-sequence model: encoder + attention + decoder, its typed config and its loss.
+
+    model = Seq2Seq(ModelConfig(...), src_vocab=8000, tgt_vocab=8000)
+    logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)   # (B, T, V), (B, T, S)
+    loss_sum, n_tokens = token_loss(logits, batch.tgt_out, label_smoothing=0.1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.attention import build_attention
+from nmt.decoder import Decoder, DecoderState
+from nmt.encoder import Encoder, EncoderOutput
+from nmt.tokenizer import PAD_ID
+
+MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the code
+
+
+@dataclass
+class ModelConfig:
+    """Every knob of the architecture; the Hydra groups `model` and `attention` map onto it one to one."""
+
+    embed_size: int = 256
+    encoder_hidden_size: int = 256  # per direction
+    encoder_layers: int = 1
+    bidirectional: bool = True
+    hidden_size: int = 512  # decoder
+    decoder_layers: int = 1
+    dropout: float = 0.3
+    bridge: str = "bridge"  # bridge | zero
+    input_feeding: bool = True
+    tie_embeddings: bool = False
+    attention: str = "luong"  # a name in nmt.attention.ATTENTIONS
+    attention_query: str = "current"  # current (Luong order) | previous (Bahdanau order)
+    attention_options: dict = field(default_factory=dict)  # the attention class's own arguments
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, config: ModelConfig, src_vocab: int, tgt_vocab: int):
+        super().__init__()
+        self.config, self.src_vocab, self.tgt_vocab = config, src_vocab, tgt_vocab
+        self.encoder = Encoder(
+            src_vocab,
+            config.embed_size,
+            config.encoder_hidden_size,
+            config.encoder_layers,
+            config.bidirectional,
+            config.dropout,
+        )
+        attention = build_attention(
+            config.attention, config.hidden_size, self.encoder.output_size, dict(config.attention_options)
+        )
+        self.decoder = Decoder(
+            tgt_vocab,
+            config.embed_size,
+            config.hidden_size,
+            self.encoder.output_size,
+            config.encoder_layers,
+            attention,
+            num_layers=config.decoder_layers,
+            dropout=config.dropout,
+            query=config.attention_query,
+            input_feeding=config.input_feeding,
+            bridge=config.bridge,
+            tie_embeddings=config.tie_embeddings,
+        )
+
+    @property
+    def attention(self):
+        return self.decoder.attention
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def encode(self, src: Tensor, lengths: Tensor) -> tuple[EncoderOutput, Tensor, Tensor, DecoderState]:
+        """Encode and set up decoding: (encoder output, attention keys, values, initial decoder state)."""
+        enc = self.encoder(src, lengths)
+        keys, values = self.attention.prepare(enc.states, enc.summary)
+        return enc, keys, values, self.decoder.init_state(enc)
+
+    def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
+        """Teacher-forced logits (B, T, V) and attention weights (B, T, S)."""
+        enc, keys, values, state = self.encode(src, lengths)
+        return self.decoder(tgt_in, state, keys, values, enc.mask)
+
+
+def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, int]:
+    """Summed cross-entropy over real target tokens (padding ignored) and their count.
+
+    Divide the sum by the count (over a whole accumulated batch) for the per-token loss.
+    Computed in fp32 whatever the autocast dtype.
+    """
+    V = logits.size(-1)
+    loss = F.cross_entropy(
+        logits.reshape(-1, V).float(),
+        target.reshape(-1),
+        ignore_index=PAD_ID,
+        reduction="sum",
+        label_smoothing=label_smoothing,
+    )
+    return loss, int((target != PAD_ID).sum())
+
+
+def nll_per_token(logits: Tensor, target: Tensor) -> tuple[float, int]:
+    """Plain negative log-likelihood (no smoothing) summed over real tokens, for validation perplexity."""
+    with torch.no_grad():
+        loss, n = token_loss(logits, target, 0.0)
+    return float(loss), n

@@ -1,0 +1,444 @@
+"""The training loop: token-normalised steps, validation with BLEU, TensorBoard, checkpoints, exact resume.
+
+    trainer = Trainer(model, data, TrainerConfig(...), OptimConfig(...), run_dir, device="cpu", seed=1234)
+    summary = trainer.train()
+
+Resuming from `last.pt` replays exactly what an uninterrupted run would have done on the same CPU:
+the checkpoint holds the step, the epoch and the position in that epoch's batch order (which is a pure
+function of seed and epoch), and the optimizer, scheduler and RNG states. Ctrl-C / SIGTERM finish
+the current step, save `last.pt` and exit. Under DistributedDataParallel every rank trains on its
+share of each global batch; all ranks validate (identically) and only rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, padding_overhead
+from nmt.errors import NMTError
+from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
+from nmt.model import Seq2Seq, token_loss
+from nmt.plotting import attention_figure
+from nmt.search import greedy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainerConfig:
+    batch_tokens: int = 4096  # padded tokens per batch (max of source/target length x sentences)
+    accumulate: int = 1  # batches per optimizer step
+    max_steps: int | None = None
+    max_epochs: int | None = 10
+    max_minutes: float | None = None  # wall-clock training budget, summed over resumes
+    clip_norm: float = 1.0
+    label_smoothing: float = 0.1
+    valid_every: int = 500  # steps; validation also runs at the end
+    valid_batch_tokens: int = 8000
+    valid_max_sentences: int | None = None  # validate on the first N sentences only (None: all)
+    patience: int = 10  # validations without improvement before stopping (0: never stop early)
+    best_metric: str = "bleu"  # bleu | chrf | loss | ppl
+    log_every: int = 50
+    threads: int | None = None  # CPU threads (None: torch's default)
+    resume: str | None = None
+    heatmaps: int = 3  # validation sentences drawn to TensorBoard at every validation
+    length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
+    max_bad_steps: int = 5  # consecutive non-finite losses before giving up
+    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
+    progress: bool = True
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | adamw
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 0.0
+    schedule: str = "constant"  # constant | warmup | plateau
+    warmup_steps: int = 0  # linear warmup (any schedule)
+    plateau_factor: float = 0.5
+    plateau_patience: int = 2
+    min_lr: float = 1e-5
+
+
+class Stop(Exception):
+    """Raised inside the loop when a stopping condition is met."""
+
+
+class Trainer:
+    def __init__(self, model: Seq2Seq, data: PreparedData, config: TrainerConfig, optim: OptimConfig,
+                 run_dir: str | Path, device: str | torch.device = "cpu", seed: int = 1234,
+                 run_config: dict | None = None, rank: int = 0, world_size: int = 1):
+        if config.best_metric not in ("bleu", "chrf", "loss", "ppl"):
+            raise NMTError(f"trainer.best_metric must be bleu, chrf, loss or ppl, not {config.best_metric!r}")
+        self.cfg, self.optim_cfg, self.data, self.seed = config, optim, data, seed
+        self.run_dir, self.device = Path(run_dir), torch.device(device)
+        self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
+        self.run_config = run_config or {}
+        self.model = model.to(self.device)
+        self.module = model  # the bare model (not the DDP wrapper): checkpoints and decoding use it
+        if world_size > 1:
+            self.model = torch.nn.parallel.DistributedDataParallel(model)
+        self.optimizer = self._build_optimizer()
+        self.plateau = None
+        if optim.schedule == "plateau":
+            mode = "min" if config.best_metric in ("loss", "ppl") else "max"
+            self.plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+                self.optimizer, mode=mode, factor=optim.plateau_factor, patience=optim.plateau_patience,
+                min_lr=optim.min_lr)
+        elif optim.schedule not in ("constant", "warmup"):
+            raise NMTError(f"optim.schedule must be constant, warmup or plateau, not {optim.schedule!r}")
+        self.train_split = data.encoded["train"]
+        self.sampler = TokenBatchSampler(self.train_split.src_lengths, self.train_split.tgt_lengths,
+                                         config.batch_tokens, seed, True, rank, world_size)
+        amp = config.amp if config.amp != "auto" else ("bf16" if self.device.type == "cuda" else "off")
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if amp == "bf16" else nullcontext
+        # progress (all of it goes into checkpoints)
+        self.step = self.epoch = self.batch_pos = 0
+        self.elapsed = 0.0
+        self.best: dict = {}
+        self.bad_validations = 0
+        self.history: list[dict] = []
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.writer = None
+        self._interrupted = False
+
+    # ------------------------------------------------------------------------------------------ setup
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        o = self.optim_cfg
+        kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+        if o.name not in kinds:
+            raise NMTError(f"optim.name must be one of {', '.join(kinds)}, not {o.name!r}")
+        return kinds[o.name](self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+
+    def _lr_now(self) -> float:
+        base = self.optimizer.param_groups[0].get("base_lr", self.optim_cfg.lr)
+        if self.optim_cfg.warmup_steps and self.step < self.optim_cfg.warmup_steps:
+            return base * (self.step + 1) / self.optim_cfg.warmup_steps
+        return base
+
+    def _set_lr(self) -> None:
+        lr = self._lr_now()
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {
+            "model": self.module.state_dict(),
+            "model_config": self.module.config.to_dict(),
+            "src_vocab": self.module.src_vocab,
+            "tgt_vocab": self.module.tgt_vocab,
+            "config": self.run_config,
+            "spm_src": self.data.tokenizer.src_model,
+            "spm_tgt": self.data.tokenizer.tgt_model,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.plateau.state_dict() if self.plateau else {},
+            "base_lr": [g.get("base_lr", self.optim_cfg.lr) for g in self.optimizer.param_groups],
+            "step": self.step, "epoch": self.epoch, "batch_pos": self.batch_pos,
+            "elapsed": self.elapsed, "best": self.best, "bad_validations": self.bad_validations,
+            "history": self.history, "rng": rng, "world_size": self.world_size,
+        }
+
+    def save(self, name: str) -> Path | None:
+        if not self.is_main:
+            return None
+        path = self.ckpt_dir / name
+        save_checkpoint(path, self.state())
+        return path
+
+    def restore(self, path: str | Path) -> None:
+        data = load_checkpoint(path)
+        self.module.load_state_dict(data["model"])
+        self.optimizer.load_state_dict(data["optimizer"])
+        for g, base in zip(self.optimizer.param_groups, data["base_lr"], strict=True):
+            g["base_lr"] = base
+        if self.plateau and data["scheduler"]:
+            self.plateau.load_state_dict(data["scheduler"])
+        self.step, self.epoch, self.batch_pos = data["step"], data["epoch"], data["batch_pos"]
+        self.elapsed, self.best = data["elapsed"], data["best"]
+        self.bad_validations, self.history = data["bad_validations"], data["history"]
+        torch.set_rng_state(data["rng"]["torch"])
+        random.setstate(data["rng"]["python"])
+        if "cuda" in data["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(data["rng"]["cuda"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_pos)
+
+    # ------------------------------------------------------------------------------------------ loop
+    def train(self) -> dict:
+        for g in self.optimizer.param_groups:
+            g.setdefault("base_lr", g["lr"])
+        if self.cfg.resume:
+            self.restore(self.cfg.resume)
+        if self.is_main:
+            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+        handlers = self._install_signal_handlers()
+        try:
+            reason = self._loop()
+        finally:
+            for sig, old in handlers.items():
+                signal.signal(sig, old)
+        summary = self._finish(reason)
+        if self.writer:
+            self.writer.close()
+        return summary
+
+    def _install_signal_handlers(self) -> dict:
+        def handler(signum, frame):
+            if self._interrupted:  # a second Ctrl-C: stop now (last.pt from the last save stays valid)
+                raise KeyboardInterrupt
+            self._interrupted = True
+            log.warning("signal %d: finishing this step, saving last.pt, then stopping (again to abort)", signum)
+
+        old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                old[sig] = signal.signal(sig, handler)
+            except ValueError:  # not the main thread (e.g. tests): leave signals alone
+                pass
+        return old
+
+    def _budget_left(self, started: float) -> bool:
+        if self.cfg.max_minutes is None:
+            return True
+        return self.elapsed + (time.time() - started) < self.cfg.max_minutes * 60
+
+    def _loop(self) -> str:
+        c = self.cfg
+        started = time.time()
+        steps_per_epoch = math.ceil(len(self.sampler) / c.accumulate)
+        total = c.max_steps or (steps_per_epoch * c.max_epochs if c.max_epochs else None)
+        bar = tqdm(total=total, initial=self.step, disable=not (self.is_main and c.progress), unit="step",
+                   dynamic_ncols=True, desc="train")
+        window = {"loss": 0.0, "tokens": 0, "sentences": 0, "time": time.time()}
+        reason = "max_epochs"
+        real = padded = 0
+        try:
+            while c.max_epochs is None or self.epoch < c.max_epochs:
+                groups = self._groups(self.epoch)
+                r, p = padding_overhead(self.train_split, [b for g in groups for b in g])
+                real, padded = real + r, padded + p
+                while self.batch_pos < len(groups):
+                    if c.max_steps is not None and self.step >= c.max_steps:
+                        raise Stop("max_steps")
+                    if not self._budget_left(started):
+                        raise Stop("max_minutes")
+                    loss_sum, n_tok, n_sent = self._train_step(groups[self.batch_pos])
+                    self.batch_pos += 1
+                    if loss_sum is not None:
+                        self.step += 1
+                        window["loss"] += loss_sum
+                        window["tokens"] += n_tok
+                        window["sentences"] += n_sent
+                        bar.update(1)
+                    if self.step % c.log_every == 0 and window["tokens"]:
+                        self._log_train(window, bar)
+                    if self.step % c.valid_every == 0 and loss_sum is not None:
+                        self.elapsed += time.time() - started
+                        started = time.time()
+                        if self._validate():
+                            raise Stop("early_stopping")
+                        started = time.time()
+                    if self._interrupted:
+                        raise Stop("interrupted")
+                self.epoch += 1
+                self.batch_pos = 0
+                if self.is_main:
+                    log.info("epoch %d done at step %d; padding overhead %.3fx (padded/real tokens)",
+                             self.epoch, self.step, padded / max(real, 1))
+        except Stop as s:
+            reason = str(s)
+        finally:
+            self.elapsed += time.time() - started
+            bar.close()
+        return reason
+
+    def _groups(self, epoch: int) -> list[list[list[int]]]:
+        """This rank's batches of `epoch`, grouped `accumulate` at a time, with each group's global target tokens."""
+        local = self.sampler.batches(epoch)
+        glob = self.sampler.global_batches(epoch) if self.world_size > 1 else local
+        n = self.cfg.accumulate
+        self._group_tokens = [int(sum(int(self.train_split.tgt_lengths[b].sum()) for b in glob[i : i + n]))
+                              for i in range(0, len(glob), n)]
+        return [local[i : i + n] for i in range(0, len(local), n)]
+
+    def _train_step(self, group: list[list[int]]) -> tuple[float | None, int, int]:
+        """One optimizer step over `group`; returns (summed loss, tokens, sentences) or (None, ...) if skipped."""
+        self.model.train()
+        total_tokens = self._group_tokens[self.batch_pos]
+        self._set_lr()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_total, n_tok, n_sent = torch.zeros((), device=self.device), 0, 0
+        for batch_idx in group:
+            batch = collate(self.train_split, batch_idx).to(self.device, non_blocking=True)
+            with self.autocast():
+                logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
+            loss_sum, n = token_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
+            # DDP averages gradients over ranks; scaling by world_size makes that a sum over the global batch
+            (loss_sum * self.world_size / total_tokens).backward()
+            loss_total += loss_sum.detach()
+            n_tok += n
+            n_sent += len(batch_idx)
+        if self.world_size > 1:
+            dist.all_reduce(loss_total)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.clip_norm)
+        if not (torch.isfinite(loss_total) and torch.isfinite(grad_norm)):
+            self._bad_steps = getattr(self, "_bad_steps", 0) + 1
+            log.warning("step %d: non-finite loss or gradient; skipped (%d in a row)", self.step + 1, self._bad_steps)
+            self.optimizer.zero_grad(set_to_none=True)
+            if self._bad_steps >= self.cfg.max_bad_steps:
+                raise NMTError(f"training diverged: {self._bad_steps} non-finite steps in a row at step {self.step}; "
+                               "lower optim.lr or trainer.clip_norm, or resume from checkpoints/last.pt")
+            return None, 0, 0
+        self._bad_steps = 0
+        self.optimizer.step()
+        self._last_grad_norm = float(grad_norm)
+        return float(loss_total), total_tokens, n_sent * self.world_size
+
+    def _log_train(self, window: dict, bar: tqdm) -> None:
+        now = time.time()
+        loss = window["loss"] / window["tokens"]
+        tps = window["tokens"] / max(now - window["time"], 1e-9)
+        sps = window["sentences"] / max(now - window["time"], 1e-9)
+        lr = self.optimizer.param_groups[0]["lr"]
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
+        entry = {"kind": "train", "step": self.step, "epoch": self.epoch, "loss": round(loss, 6), "lr": lr,
+                 "grad_norm": round(self._last_grad_norm, 4), "tokens_per_s": round(tps, 1), "sentences_per_s": round(sps, 2)}
+        self.history.append(entry)
+        if self.writer:
+            for k in ("loss", "lr", "grad_norm", "tokens_per_s", "sentences_per_s"):
+                self.writer.add_scalar(f"train/{k}", entry[k], self.step)
+            log.info("step %d epoch %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f", self.step, self.epoch, loss,
+                     lr, self._last_grad_norm, tps)
+        window.update(loss=0.0, tokens=0, sentences=0, time=now)
+
+    # ------------------------------------------------------------------------------------ validation
+    def _validate(self) -> bool:
+        """Validate, log, checkpoint; True when early stopping says stop."""
+        metrics = evaluate_split(self.module, self.data, "valid", self.device, self.cfg.valid_batch_tokens,
+                                 self.cfg.length_buckets, self.cfg.valid_max_sentences, self.autocast,
+                                 heatmaps=self.cfg.heatmaps if self.writer else 0)
+        metric = metrics[self.cfg.best_metric]
+        lower_better = self.cfg.best_metric in ("loss", "ppl")
+        improved = not self.best or (metric < self.best["value"] if lower_better else metric > self.best["value"])
+        entry = {"kind": "valid", "step": self.step, "epoch": self.epoch, "elapsed": round(self.elapsed, 1),
+                 **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")}, "by_length": metrics["by_length"]}
+        self.history.append(entry)
+        if self.plateau:
+            self.plateau.step(metric)
+            for g in self.optimizer.param_groups:
+                g["base_lr"] = g["lr"]
+        if improved:
+            self.bad_validations = 0
+            self.best = {"metric": self.cfg.best_metric, "value": metric, "step": self.step, "epoch": self.epoch,
+                         **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")}}
+        else:
+            self.bad_validations += 1
+        if self.is_main:
+            self._report_validation(entry, metrics)
+            self.save("last.pt")
+            if improved:
+                self.save("best.pt")
+        return bool(self.cfg.patience) and self.bad_validations >= self.cfg.patience
+
+    def _report_validation(self, entry: dict, metrics: dict) -> None:
+        step = self.step
+        log.info("validation at step %d: loss %.4f ppl %.2f BLEU %.2f chrF %.2f%s", step, entry["loss"], entry["ppl"],
+                 entry["bleu"], entry["chrf"], " (new best)" if self.best.get("step") == step else "")
+        for k in ("loss", "ppl", "bleu", "chrf"):
+            self.writer.add_scalar(f"valid/{k}", entry[k], step)
+        for row in entry["by_length"]:
+            if row["bleu"] is not None:
+                self.writer.add_scalar(f"valid_bleu_by_length/{row['bucket']}", row["bleu"], step)
+        for i, fig in enumerate(metrics["figures"]):
+            self.writer.add_figure(f"attention/valid_{i}", fig, step)
+        out = self.run_dir / "valid"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"step_{step:07d}.hyp").write_text("".join(h + "\n" for h in metrics["hypotheses"]), encoding="utf-8")
+        self.writer.flush()
+
+    def _finish(self, reason: str) -> dict:
+        if reason != "early_stopping" and (not self.history or self.history[-1].get("kind") != "valid"
+                                           or self.history[-1]["step"] != self.step):
+            if reason == "interrupted":
+                self.save("last.pt")
+            else:
+                self._validate()
+        summary = {"stopped_by": reason, "step": self.step, "epoch": self.epoch,
+                   "train_minutes": round(self.elapsed / 60, 2), "best": self.best,
+                   "final": next((h for h in reversed(self.history) if h["kind"] == "valid"), None),
+                   "best_checkpoint": str(self.ckpt_dir / "best.pt"), "last_checkpoint": str(self.ckpt_dir / "last.pt"),
+                   "parameters": self.module.num_parameters()}
+        if self.is_main:
+            (self.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+@torch.no_grad()
+def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch.device, batch_tokens: int,
+                   edges: list[int], max_sentences: int | None = None, autocast=nullcontext, heatmaps: int = 0) -> dict:
+    """Teacher-forced loss/perplexity plus greedy BLEU/chrF (overall and by source length) on `split`."""
+    model.eval()
+    encoded: EncodedSplit = data.encoded[split]
+    pairs = data.pairs(split)
+    n = len(encoded) if max_sentences is None else min(max_sentences, len(encoded))
+    order = sorted(range(n), key=lambda i: int(encoded.src_lengths[i]))
+    hyps: list[str] = [""] * n
+    attention: dict[int, torch.Tensor] = {}
+    picks = _heatmap_picks(encoded, n, heatmaps)
+    nll, tokens, i = 0.0, 0, 0
+    while i < len(order):
+        width = int(max(encoded.src_lengths[order[i]], 1))
+        j = i + max(1, batch_tokens // (2 * width))
+        idx = order[i:j]
+        batch = collate(encoded, idx).to(device)
+        with autocast():
+            logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+            loss, k = token_loss(logits, batch.tgt_out, 0.0)
+            results = greedy(model, batch.src, batch.src_lengths)
+        nll, tokens = nll + float(loss), tokens + k
+        for b, sent in enumerate(idx):
+            hyps[sent] = data.tokenizer.decode_tgt(results[b][0].tokens)
+            if sent in picks:
+                attention[sent] = results[b][0]
+        i = j
+    refs = [t for _, t in pairs[:n]]
+    scores = corpus_scores(hyps, refs, ter=False)
+    figures = []
+    for sent in picks:
+        hyp = attention[sent]
+        src_text = pairs[sent][0]
+        figures.append(attention_figure(hyp.attention, data.tokenizer.src_pieces(src_text),
+                                        data.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"], title=src_text[:80],
+                                        has_alignment=model.attention.has_alignment))
+    loss = nll / max(tokens, 1)
+    return {"loss": round(loss, 5), "ppl": round(math.exp(min(loss, 50)), 3), "bleu": scores["bleu"],
+            "chrf": scores["chrf"], "by_length": bleu_by_length([s for s, _ in pairs[:n]], hyps, refs, edges),
+            "hypotheses": hyps, "figures": figures}
+
+
+def _heatmap_picks(encoded: EncodedSplit, n: int, k: int) -> list[int]:
+    """k fixed validation sentences spread over lengths (short to long, up to 40 source pieces)."""
+    if k <= 0 or n == 0:
+        return []
+    candidates = sorted((int(encoded.src_lengths[i]), i) for i in range(n) if int(encoded.src_lengths[i]) <= 40)
+    if not candidates:
+        return []
+    return sorted({candidates[int(q * (len(candidates) - 1))][1] for q in [(j + 1) / (k + 1) for j in range(k)]})

@@ -1,0 +1,466 @@
+"""Tests for nmt.corpora: the file readers, their error messages, and the four corpora."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import re
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nmt import corpora
+from nmt.corpora import (
+    BIBLE_TRANSLATIONS,
+    COPYRIGHTED_CODES,
+    load_bible,
+    load_files,
+    load_multi30k,
+    load_synthetic,
+    read_lines,
+    read_parallel,
+    read_tsv,
+)
+from nmt.errors import DataError
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+MULTI30K = SHARED_DATA / "multi30k"
+TATOEBA = SHARED_DATA / "tatoeba_eng_fra" / "eng-fra.txt.gz"
+
+# Text without line breaks or surrogates, as a line of a UTF-8 file can hold.
+line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\ufeff"))
+
+
+def write(path: Path, data: bytes) -> Path:
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# read_lines
+
+
+@pytest.mark.parametrize("name", ["plain.txt", "packed.txt.gz"])
+def test_read_lines_plain_and_gzip(tmp_path, name):
+    path = write(tmp_path / name, b"eins\nzwei drei\n\nvier")
+    assert read_lines(path) == ["eins", "zwei drei", "", "vier"]
+
+
+def test_read_lines_strips_bom_and_crlf(tmp_path):
+    path = write(tmp_path / "win.txt", b"\xef\xbb\xbfHallo\r\nWelt\r\n")
+    assert read_lines(path) == ["Hallo", "Welt"]
+
+
+def test_read_lines_empty_file(tmp_path):
+    assert read_lines(write(tmp_path / "empty.txt", b"")) == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(lines=st.lists(line_text, max_size=8), gz=st.booleans())
+def test_read_lines_round_trips(tmp_path_factory, lines, gz):
+    path = tmp_path_factory.mktemp("rt") / ("x.txt.gz" if gz else "x.txt")
+    write(path, "".join(line + "\n" for line in lines).encode())
+    assert read_lines(path) == lines
+
+
+def test_read_lines_invalid_utf8_names_file_and_line(tmp_path):
+    path = write(tmp_path / "latin.txt", b"ok\n\xff\xfe bad\n")
+    with pytest.raises(DataError) as err:
+        read_lines(path)
+    message = str(err.value)
+    assert str(path) in message and "line 2" in message and "iconv" in message and "\n" not in message
+
+
+def test_read_lines_invalid_utf8_in_gzip(tmp_path):
+    path = write(tmp_path / "latin.txt.gz", b"a\nb\nc\xe9\n")
+    with pytest.raises(DataError, match="line 3"):
+        read_lines(path)
+
+
+def test_read_lines_missing_file(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.txt: no such file; check data"):
+        read_lines(tmp_path / "nope.txt")
+
+
+def test_read_lines_directory(tmp_path):
+    with pytest.raises(DataError, match="is a directory"):
+        read_lines(tmp_path)
+
+
+def test_read_lines_broken_gzip(tmp_path):
+    path = tmp_path / "broken.gz"
+    path.write_bytes(b"this is not gzip")
+    with pytest.raises(DataError, match="broken.gz"):
+        read_lines(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# read_parallel and read_tsv
+
+
+def test_read_parallel_pairs_cleans_and_drops_empty(tmp_path):
+    src = write(tmp_path / "a.de.gz", b"Guten  Tag\n\n  Hallo \nx\n")
+    tgt = write(tmp_path / "a.en", b"Good\tday\nnothing\nHello\n   \n")
+    pairs, n_dropped = read_parallel(src, tgt)
+    assert pairs == [("Guten Tag", "Good day"), ("Hallo", "Hello")]
+    assert n_dropped == 2
+
+
+def test_read_parallel_mismatch_names_both_files_and_counts(tmp_path):
+    src = write(tmp_path / "s.txt", b"a\nb\nc\n")
+    tgt = write(tmp_path / "t.txt", b"a\nb\n")
+    with pytest.raises(DataError) as err:
+        read_parallel(src, tgt)
+    message = str(err.value)
+    assert f"{src} has 3 lines" in message and f"{tgt} has 2" in message and "\n" not in message
+
+
+def test_read_tsv_pairs_swap_and_drops(tmp_path):
+    path = write(tmp_path / "d.tsv", b"Hi.\tSalut.\n\n \t \nGo.\t\nRun!\tCours !\n")
+    pairs, n_dropped = read_tsv(path)
+    assert pairs == [("Hi.", "Salut."), ("Run!", "Cours !")]
+    assert n_dropped == 3
+    assert read_tsv(path, swap=True)[0] == [("Salut.", "Hi."), ("Cours !", "Run!")]
+
+
+@pytest.mark.parametrize("line, count", [("one column only", 1), ("a\tb\tc", 3)])
+def test_read_tsv_wrong_columns_names_file_line_and_count(tmp_path, line, count):
+    path = write(tmp_path / "bad.tsv", f"x\ty\n{line}\n".encode())
+    with pytest.raises(DataError) as err:
+        read_tsv(path)
+    message = str(err.value)
+    assert f"{path}, line 2" in message and f"found {count} tab-separated columns" in message
+
+
+def test_read_tsv_empty_file(tmp_path):
+    with pytest.raises(DataError, match="no sentence pairs"):
+        read_tsv(write(tmp_path / "e.tsv", b"\n\n"))
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows=st.lists(st.tuples(line_text, line_text), min_size=1, max_size=6))
+def test_read_tsv_keeps_exactly_nonempty_pairs(tmp_path_factory, rows):
+    rows = [(a.replace("\t", " "), b.replace("\t", " ")) for a, b in rows]
+    path = tmp_path_factory.mktemp("tsv") / "p.tsv"
+    write(path, "".join(f"{a}\t{b}\n" for a, b in rows).encode())
+    expected = [(" ".join(a.split()), " ".join(b.split())) for a, b in rows]
+    expected = [(a, b) for a, b in expected if a and b]
+    if not expected:
+        with pytest.raises(DataError):
+            read_tsv(path)
+        return
+    pairs, n_dropped = read_tsv(path)
+    assert pairs == expected and n_dropped == len(rows) - len(expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bible
+
+
+@pytest.fixture(scope="module")
+def bible():
+    start = time.perf_counter()
+    corpus = load_bible()
+    corpus.seconds = time.perf_counter() - start  # for the speed test; not part of Corpus
+    return corpus
+
+
+def test_bible_default_split_sizes(bible):
+    sizes = {name: len(pairs) for name, pairs in bible.splits.items()}
+    print("bible e->k", sizes, bible.dropped, f"{bible.seconds:.2f}s")
+    assert bible.name == "bible-e-k" and (bible.src_lang, bible.tgt_lang) == ("de", "en")
+    for name, expected in [("train", 27_660), ("valid", 1_760), ("test", 1_410)]:
+        assert abs(sizes[name] - expected) <= 0.01 * expected, (name, sizes[name])
+    assert abs(sum(sizes.values()) + bible.dropped["valid/test overlap with train"] - 30_920) <= 309
+
+
+def test_bible_is_fast(bible):
+    assert bible.seconds < 10
+
+
+def test_bible_dropped_accounts_for_every_verse(bible):
+    n_pairs = sum(len(pairs) for pairs in bible.splits.values())
+    assert n_pairs + sum(bible.dropped.values()) == 31_102
+    assert bible.dropped["psalm title"] == 150
+    assert 0 < bible.dropped["length ratio"] < 0.005 * 31_102
+
+
+def test_bible_valid_test_do_not_overlap_train(bible):
+    train_src = {src for src, _ in bible.splits["train"]}
+    train_tgt = {tgt for _, tgt in bible.splits["train"]}
+    for name in ("valid", "test"):
+        for src, tgt in bible.splits[name]:
+            assert src not in train_src and tgt not in train_tgt
+
+
+def test_bible_text_is_clean(bible):
+    artefacts = re.compile(r"\(\d+:\d+[a-z]?\)|[\[\]*#`]|\s{2}|^\s|\s$")
+    for pairs in bible.splits.values():
+        for src, tgt in pairs:
+            assert src and tgt
+            assert not artefacts.search(src) and not artefacts.search(tgt), (src, tgt)
+
+
+def test_bible_split_is_chapter_consistent(bible):
+    # Map each KJV verse text that occurs once to its chapter; its split must be the chapter's.
+    db = corpora._bible_db(None)
+    kjv, _ = corpora._clean_translation("k", corpora._read_translation(db, "k"))
+    chapters: dict[str, list[tuple[int, int]]] = {}
+    for (book, chapter, _), text in kjv.items():
+        chapters.setdefault(text, []).append((book, chapter))
+    checked = 0
+    for name, pairs in bible.splits.items():
+        for _, tgt in pairs:
+            if len(chapters[tgt]) == 1:
+                assert corpora._chapter_split(*chapters[tgt][0]) == name
+                checked += 1
+    assert checked > 30_000
+
+
+def test_bible_is_deterministic(bible):
+    assert load_bible("e", "k").splits == bible.splits
+
+
+def test_bible_french_pair_count():
+    corpus = load_bible("l", "k")
+    n_pairs = sum(len(p) for p in corpus.splits.values()) + corpus.dropped["valid/test overlap with train"]
+    print("bible l->k", {k: len(v) for k, v in corpus.splits.items()}, corpus.dropped)
+    assert abs(n_pairs - 30_914) <= 309 and corpus.src_lang == "fr"
+
+
+def test_bible_copyrighted_code_is_refused():
+    code = sorted(COPYRIGHTED_CODES)[0]
+    with pytest.raises(DataError) as err:
+        load_bible(code, "k")
+    message = str(err.value)
+    assert "copyrighted" in message and "refuses bulk copies" in message
+    assert all(allowed in message for allowed in BIBLE_TRANSLATIONS)
+
+
+def test_bible_unknown_code_lists_allowed_codes_with_languages():
+    with pytest.raises(DataError) as err:
+        load_bible("e", "x")
+    message = str(err.value)
+    assert "unknown Bible translation 'x'" in message and "k (en King James" in message and "n (ko" in message
+
+
+def test_bible_same_code_is_refused():
+    with pytest.raises(DataError, match="both 'e'"):
+        load_bible("e", "e")
+
+
+def test_bible_missing_db(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_bible(db_path=str(tmp_path / "bible.db"))
+
+
+@pytest.mark.parametrize(
+    "code, ref, raw, expected",
+    [
+        ("l", (19, 102, 27), "(102:26) Tu as  fondé la terre.", ("Tu as fondé la terre.", "")),
+        ("l", (19, 2, 2), "(2:1) A. (2:2) B.", ("", "merged verse")),
+        ("k", (19, 23, 1), "The LORD is my shepherd", ("", "psalm title")),
+        ("3", (18, 34, 29), " ... ", ("", "placeholder")),
+        ("n", (6, 2, 13), "12절과 상동", ("", "placeholder")),
+        ("e", (44, 8, 37), "(MISSING) [KJV: ...]", ("", "placeholder")),
+        ("4", (1, 1, 2), "God`s [own] Spirit * * *", ("God's own Spirit", "")),
+        ("4", (19, 1, 6), "shall perish. Psalm 2", ("shall perish.", "")),
+        ("5", (40, 1, 23), "Emmanuel» [Ésaïe 7:14], ce qui", ("Emmanuel», ce qui", "")),
+        ("3", (18, 8, 9), "(8:1)", ("", "empty")),
+        ("v", (1, 28, 17), "dijo: \u00adCuán", ("dijo: ¡Cuán", "")),
+        ("v", (1, 1, 1), "EN el principio", ("En el principio", "")),
+        ("v", (1, 6, 1), "Y ACONTECIO que", ("Y aconteció que", "")),
+    ],
+)
+def test_bible_verse_cleaning_rules(code, ref, raw, expected):
+    vocab = {"acontecio": "aconteció", "en": "en"}
+    assert corpora._clean_verse(code, ref, raw, vocab) == expected
+
+
+def test_bible_korean_same_as_placeholder_drops_neighbours():
+    verses = {(5, 6, v): f"verse {v}" for v in range(17, 22)}
+    verses[(5, 6, 19)] = "(앞절과 동일)"
+    kept, dropped = corpora._clean_translation("n", verses)
+    assert sorted(kept) == [(5, 6, 17), (5, 6, 21)]
+    assert dropped == {(5, 6, 19): "placeholder", (5, 6, 18): "merged verse", (5, 6, 20): "merged verse"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi30k
+
+needs_multi30k = pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"{MULTI30K} not present")
+
+
+@needs_multi30k
+def test_multi30k_sizes_from_shared_folder():
+    corpus = load_multi30k(str(MULTI30K))
+    sizes = {name: len(pairs) for name, pairs in corpus.splits.items()}
+    assert sizes == {
+        "train": 29_000,
+        "valid": 1_014,
+        "test": 1_000,
+        "test_2017_flickr": 1_000,
+        "test_2017_mscoco": 461,
+        "test_2018_flickr": 1_071,
+    }
+    assert (corpus.name, corpus.src_lang, corpus.tgt_lang) == ("multi30k-de-en", "de", "en")
+    assert corpus.splits["train"][0][0].startswith("Zwei junge")
+
+
+@needs_multi30k
+def test_multi30k_english_to_french_direction():
+    corpus = load_multi30k(str(MULTI30K), "en", "fr")
+    assert corpus.splits["train"][0][0].startswith("Two young") and len(corpus.splits["valid"]) == 1_014
+
+
+def test_multi30k_refuses_other_language_pairs(tmp_path):
+    with pytest.raises(DataError, match="German or French"):
+        load_multi30k(str(tmp_path), "de", "fr")
+
+
+def test_multi30k_missing_file_in_root(tmp_path):
+    with pytest.raises(DataError, match=r"train\.de\.gz: no such file"):
+        load_multi30k(str(tmp_path))
+
+
+def test_sha256_verification_rejects_a_tampered_file(tmp_path):
+    path = write(tmp_path / "val.de.gz", b"Ein Hund rennt.\n")
+    good = hashlib.sha256(path.read_bytes()).hexdigest()
+    corpora._verify_sha256(path, good, str(path))  # passes silently
+    path.write_bytes(b"Ein Hund rennt!\n")
+    with pytest.raises(DataError) as err:
+        corpora._verify_sha256(path, good, str(path))
+    assert str(path) in str(err.value) and "data.root=" in str(err.value)
+
+
+def fake_urlopen(serve):
+    """An offline stand-in for urllib.request.urlopen that serves serve(file name) as the body."""
+    return lambda url, timeout: io.BytesIO(serve(url.rsplit("/", 1)[1]))
+
+
+@needs_multi30k
+def test_multi30k_download_checks_and_renames(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        corpora.urllib.request, "urlopen", fake_urlopen(lambda f: (MULTI30K / f).read_bytes())
+    )
+    corpus = load_multi30k(None, "fr", "en", download_dir=str(tmp_path / "m30k"))
+    assert len(corpus.splits["train"]) == 29_000
+    assert sorted(p.name for p in (tmp_path / "m30k").iterdir()) == sorted(
+        f"{stem}.{lang}.gz" for stem in corpora._MULTI30K_SPLITS.values() for lang in ("fr", "en")
+    )
+
+
+def test_multi30k_download_rejects_a_bad_checksum(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", fake_urlopen(lambda f: b"tampered"))
+    with pytest.raises(DataError) as err:
+        load_multi30k(str(tmp_path / "absent"), download_dir=str(tmp_path / "m30k"))
+    assert "sha256" in str(err.value) and "data.root=" in str(err.value)
+    assert list((tmp_path / "m30k").iterdir()) == []  # no partial or unverified file is left behind
+
+
+def test_multi30k_download_failure_says_what_to_do(tmp_path, monkeypatch):
+    def offline(url, timeout):
+        raise corpora.urllib.error.URLError("no network")
+
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", offline)
+    with pytest.raises(DataError, match="download failed .* by hand and pass data.root="):
+        load_multi30k(None, download_dir=str(tmp_path))
+
+
+@needs_multi30k
+def test_multi30k_checksum_table_matches_shared_files():
+    for file, expected in corpora.MULTI30K_SHA256.items():
+        corpora._verify_sha256(MULTI30K / file, expected, file)
+
+
+# ---------------------------------------------------------------------------------------------
+# The user's own files
+
+
+def assert_disjoint_by_source(corpus):
+    sources = [{src for src, _ in corpus.splits[name]} for name in ("train", "valid", "test")]
+    assert not (sources[0] & sources[1] or sources[0] & sources[2] or sources[1] & sources[2])
+
+
+@pytest.mark.skipif(not TATOEBA.is_file(), reason=f"{TATOEBA} not present")
+def test_files_tatoeba_tsv_splits_by_source():
+    corpus = load_files(str(TATOEBA), src_lang="en", tgt_lang="fr")
+    sizes = {name: len(pairs) for name, pairs in corpus.splits.items()}
+    assert sum(sizes.values()) == 142_787 and corpus.dropped == {}
+    for name in ("valid", "test"):
+        assert 0.04 < sizes[name] / 142_787 < 0.06, sizes
+    assert_disjoint_by_source(corpus)
+
+
+def test_files_parallel_given_splits_and_swap(tmp_path):
+    src = write(tmp_path / "train.de", b"a\nb\n\n")
+    tgt = write(tmp_path / "train.en.gz", b"A\nB\nC\n")
+    tsv = write(tmp_path / "dev.tsv", b"x\tX\n")
+    corpus = load_files([str(src), str(tgt)], valid=str(tsv), test=str(tsv), swap=True)
+    assert corpus.splits == {"train": [("A", "a"), ("B", "b")], "valid": [("X", "x")], "test": [("X", "x")]}
+    assert corpus.dropped == {"empty": 1} and corpus.name == "files"
+
+
+@settings(max_examples=30, deadline=None)
+@given(sources=st.lists(st.sampled_from([f"s{i}" for i in range(60)]), min_size=1, max_size=200))
+def test_files_hash_split_keeps_repeated_sources_together(tmp_path_factory, sources):
+    path = tmp_path_factory.mktemp("files") / "c.tsv"
+    write(path, "".join(f"{s}\tt{i}\n" for i, s in enumerate(sources)).encode())
+    corpus = load_files(str(path), valid_percent=20, test_percent=20)
+    assert sum(len(p) for p in corpus.splits.values()) == len(sources)
+    assert_disjoint_by_source(corpus)
+
+
+def test_files_bad_percentages(tmp_path):
+    with pytest.raises(DataError, match="test_percent"):
+        load_files(str(tmp_path / "x.tsv"), valid_percent=60, test_percent=50)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic
+
+
+def test_synthetic_is_deterministic_and_seeded():
+    small = {"train_size": 300, "valid_size": 20, "test_size": 50}
+    assert load_synthetic(seed=3, **small).splits == load_synthetic(seed=3, **small).splits
+    assert load_synthetic(seed=3, **small).splits != load_synthetic(seed=4, **small).splits
+
+
+def test_synthetic_target_is_reversed_and_mapped():
+    corpus = load_synthetic(seed=7)
+    assert [len(corpus.splits[n]) for n in ("train", "valid", "test")] == [20_000, 500, 1_000]
+    lexicon: dict[str, str] = {}
+    for pairs in corpus.splits.values():
+        for src, tgt in pairs:
+            src_words, tgt_words = src.split(), tgt.split()
+            assert len(src_words) == len(tgt_words)
+            for s, t in zip(reversed(src_words), tgt_words, strict=True):
+                assert lexicon.setdefault(s, t) == t  # one translation per source word
+    assert len(lexicon) == 40 and len(set(lexicon.values())) == 40
+    assert not set(lexicon) & set(lexicon.values())
+
+
+def test_synthetic_test_sentences_are_longer_than_train():
+    corpus = load_synthetic(seed=1, train_size=2000)
+    train_lengths = [len(src.split()) for src, _ in corpus.splits["train"]]
+    test_lengths = [len(src.split()) for src, _ in corpus.splits["test"]]
+    assert min(train_lengths) == 3 and max(train_lengths) == 20
+    assert max(test_lengths) > max(train_lengths)
+
+
+def test_synthetic_is_fast():
+    start = time.perf_counter()
+    load_synthetic()
+    assert time.perf_counter() - start < 1.0
+
+
+def test_synthetic_bad_lengths():
+    with pytest.raises(DataError, match="min_len"):
+        load_synthetic(min_len=5, max_len=2)
