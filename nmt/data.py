@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from nmt.corpora import Corpus, Pair
 from nmt.tokenizer import BOS_ID, PAD_ID, Tokenizer, train_sentencepiece
@@ -108,7 +109,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_dir: str | Path) -> PreparedData:
+def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_dir: str | Path,
+            progress: bool = True) -> PreparedData:
     """Train (or reuse) the tokenizer, encode every split (or reuse the cache) and filter long pairs.
 
     Training pairs with more than `max_length` pieces on either side are dropped (and counted);
@@ -124,10 +126,14 @@ def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_d
         return PreparedData(corpus, tokenizer, encoded, blob["kept"], blob["dropped"], cache_dir)
 
     cache_dir.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=1 + len(corpus.splits), desc="prepare", unit="stage", disable=not progress)
+    bar.set_postfix_str("training sentencepiece")
     tokenizer = train_tokenizer(corpus.splits["train"], settings)
+    bar.update()
     encoded, kept = {}, {}
     dropped = dict(corpus.dropped)
     for split, pairs in corpus.splits.items():
+        bar.set_postfix_str(f"encoding {split}")
         src = tokenizer.encode_src([s for s, _ in pairs])
         tgt = tokenizer.encode_tgt([t for _, t in pairs])
         keep = list(range(len(pairs)))
@@ -136,6 +142,8 @@ def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_d
             dropped[f"longer than {max_length} pieces (train only)"] = len(pairs) - len(keep)
         encoded[split] = EncodedSplit([src[i] for i in keep], [tgt[i] for i in keep])
         kept[split] = keep
+        bar.update()
+    bar.close()
     _write_atomic(spm_src, tokenizer.src_model)
     _write_atomic(spm_tgt, tokenizer.tgt_model)
     tmp = enc_path.with_suffix(".tmp")
