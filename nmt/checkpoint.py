@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -58,12 +57,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"{path}: is a directory, not a checkpoint; pass a .pt file{hint}")
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as e:
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({str(e).splitlines()[0][:120]}); "
-                              "use another checkpoint, e.g. checkpoints/best.pt or last.pt") from None
     except pickle.UnpicklingError:
         raise CheckpointError(f"{path}: not an nmt checkpoint (it holds objects other than tensors and plain "
                               "values, which are never loaded); pass a checkpoint written by nmt-train") from None
+    except Exception as e:  # torch reports a cut-off zip, a foreign pickle or random bytes in many ways
+        raise CheckpointError(f"{path}: truncated or corrupt checkpoint, or not a checkpoint at all "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else 'unreadable'}); "
+                              "use another checkpoint, e.g. checkpoints/best.pt or last.pt") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint; pass a checkpoint written by nmt-train")
     if data.get("model_version") != MODEL_VERSION or data.get("format_version") != FORMAT_VERSION:

@@ -253,7 +253,9 @@ class TokenBatchSampler:
                 current, n_longest = [], self.lengths[i]
             current.append(i)
             longest = n_longest
-        if current:
+        if current and batches and len(current) < self.world_size:
+            batches[-1].extend(current)  # every rank needs at least one sentence of every batch
+        elif current:
             batches.append(current)
         if self.shuffle:
             rng.shuffle(batches)

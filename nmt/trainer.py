@@ -113,6 +113,8 @@ class Trainer:
         self.best: dict = {}
         self.bad_validations = 0
         self.history: list[dict] = []
+        # the loss accumulated since the last log line: checkpointed, so a resumed run logs the same averages
+        self.window = {"loss": 0.0, "tokens": 0, "sentences": 0, "time": 0.0}
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.writer = None
         self._interrupted = False
@@ -155,6 +157,7 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "batch_pos": self.batch_pos,
             "elapsed": self.elapsed, "best": self.best, "bad_validations": self.bad_validations,
             "history": self.history, "rng": rng, "world_size": self.world_size,
+            "window": {k: v for k, v in self.window.items() if k != "time"},
         }
 
     def save(self, name: str) -> Path | None:
@@ -175,6 +178,7 @@ class Trainer:
         self.step, self.epoch, self.batch_pos = data["step"], data["epoch"], data["batch_pos"]
         self.elapsed, self.best = data["elapsed"], data["best"]
         self.bad_validations, self.history = data["bad_validations"], data["history"]
+        self.window.update(data["window"])
         torch.set_rng_state(data["rng"]["torch"])
         random.setstate(data["rng"]["python"])
         if "cuda" in data["rng"] and torch.cuda.is_available():
@@ -227,7 +231,8 @@ class Trainer:
         total = c.max_steps or (steps_per_epoch * c.max_epochs if c.max_epochs else None)
         bar = tqdm(total=total, initial=self.step, disable=not (self.is_main and c.progress), unit="step",
                    dynamic_ncols=True, desc="train")
-        window = {"loss": 0.0, "tokens": 0, "sentences": 0, "time": time.time()}
+        window = self.window
+        window["time"] = time.time()
         reason = "max_epochs"
         real = padded = 0
         try:

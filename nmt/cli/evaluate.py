@@ -1,0 +1,80 @@
+"""nmt-evaluate: score a checkpoint on a split (BLEU, chrF, TER with signatures, BLEU by source length).
+
+    nmt-evaluate checkpoint=outputs/2024-05-01/12-00-00/checkpoints/best.pt
+    nmt-evaluate checkpoint=run/checkpoints/best.pt split=valid decoding=beam decoding.beam_size=10
+    nmt-evaluate checkpoint=run/checkpoints/best.pt data=multi30k data.root=../shared/data/multi30k
+    nmt-evaluate checkpoint=run/checkpoints/best.pt output=eval/beam5 heatmaps=8 buckets=[0,5,10,20]
+
+The corpus is the one the checkpoint was trained on (its stored `data` config) unless `data=...` names
+another, which is then encoded with the checkpoint's tokenizer. The report is printed; the files
+(<split>.json/.hyp/.md, <split>_bleu_by_length.png, attention/*.png) go to `output`, by default
+<run dir>/eval. Hydra writes nothing of its own (no run directory, no log file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from nmt.cli.common import CONFIG_DIR, build_corpus, plain, resolve_device, typed, user_errors
+from nmt.errors import ConfigError
+
+
+def default_output(checkpoint: Path) -> Path:
+    """<run dir>/eval for <run dir>/checkpoints/x.pt, else eval/ next to the checkpoint."""
+    folder = checkpoint.resolve().parent
+    return (folder.parent if folder.name == "checkpoints" else folder) / "eval"
+
+
+def check_edges(value) -> list[int]:
+    edges = plain(value)
+    if (not isinstance(edges, list) or not edges or not all(isinstance(e, int) and e >= 0 for e in edges)
+            or edges != sorted(set(edges))):
+        raise ConfigError(f"buckets must be a strictly increasing list of word counts, e.g. [0,10,20], not {edges}")
+    return edges
+
+
+def run(cfg: DictConfig) -> dict:
+    from nmt.checkpoint import load_checkpoint
+    from nmt.evaluation import evaluate
+    from nmt.translator import Decoding, Translator
+
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ConfigError("no checkpoint given; run e.g. nmt-evaluate checkpoint=outputs/<date>/<time>/checkpoints/best.pt")
+    checkpoint = Path(str(cfg.checkpoint))
+    edges = check_edges(cfg.buckets)
+    decoding = typed(Decoding, cfg.decoding, "decoding")
+    payload = load_checkpoint(checkpoint)
+
+    if cfg.get("data") is not None:
+        data = cfg.data
+    elif isinstance(payload.get("config"), dict) and payload["config"].get("data"):
+        data = OmegaConf.create(payload["config"]["data"])
+    else:
+        raise ConfigError(f"{checkpoint}: stores no corpus description; name one, e.g. data=multi30k data.root=DIR")
+    corpus = build_corpus(data, cfg.paths.data_dir)
+    if cfg.split not in corpus.splits:
+        raise ConfigError(f"split={cfg.split} is not a split of corpus {corpus.name}; "
+                          f"available: {', '.join(corpus.splits)}")
+
+    translator = Translator.from_payload(payload, resolve_device(cfg.device), checkpoint=str(checkpoint),
+                                         **asdict(decoding))
+    out_dir = Path(cfg.output) if cfg.output else default_output(checkpoint)
+    meta = {"corpus": corpus.name, "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang,
+            "step": payload.get("step")}
+    return evaluate(translator, corpus.splits[cfg.split], edges, int(cfg.heatmaps), out_dir, cfg.split, meta)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="evaluate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from nmt.evaluation import format_report
+
+    with user_errors():
+        print(format_report(run(cfg)))
+
+
+if __name__ == "__main__":
+    main()

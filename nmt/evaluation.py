@@ -1,0 +1,135 @@
+"""Scoring a translator on a list of (source, reference) pairs, and the files that record it.
+
+    result = evaluate(translator, pairs, edges=[0, 10, 20, 30, 40, 50], heatmaps=4, out_dir=Path("eval"), split="test")
+    print(format_report(result))
+
+`result` holds corpus BLEU, chrF and TER with their sacrebleu signatures, BLEU/chrF by source length
+(whitespace words), the decoding settings, the checkpoint path and the hypotheses. With an `out_dir`,
+it writes <split>.json (everything but the hypotheses), <split>.hyp (one line per input), <split>.md,
+<split>_bleu_by_length.png and attention/<split>_<n>.png heatmaps (n = 1-based sentence number).
+No CLI concerns here: nmt-evaluate and nmt-study both call `evaluate`.
+
+A translator is anything with `translate(texts) -> list[list[Translation]]` and the attributes
+`settings` (dict), `checkpoint` (str | None) and `has_alignment` (bool), as nmt.translator.Translator.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from nmt.errors import DataError
+from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
+
+METRICS = (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter"))  # (label, result key)
+
+
+def evaluate(translator, pairs: Sequence[tuple[str, str]], edges: Sequence[int] = DEFAULT_EDGES, heatmaps: int = 4,
+             out_dir: Path | None = None, split: str = "test", meta: dict | None = None) -> dict:
+    """Translate the sources of `pairs`, score against their references, and write files to `out_dir`.
+
+    `meta` (plain values, e.g. the corpus name) is copied into the result and the JSON file.
+    """
+    if not pairs:
+        raise DataError(f"split {split!r} has no sentence pairs to evaluate on")
+    sources = [s for s, _ in pairs]
+    references = [t for _, t in pairs]
+    best = [nbest[0] for nbest in translator.translate(sources)]
+    hypotheses = [t.text for t in best]
+    scores = corpus_scores(hypotheses, references)
+    result = {
+        "split": split,
+        "sentences": len(pairs),
+        "checkpoint": translator.checkpoint,
+        **(meta or {}),
+        "decoding": dict(translator.settings),
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "ter": scores["ter"],
+        "signatures": scores["signatures"],
+        "by_length": bleu_by_length(sources, hypotheses, references, list(edges)),
+        "heatmaps": [],
+        "files": {},
+    }
+    if out_dir is not None:
+        write_outputs(result, Path(out_dir), sources, hypotheses, best, heatmaps, translator.has_alignment)
+    result["hypotheses"] = hypotheses
+    return result
+
+
+def heatmap_picks(lengths: Sequence[int], k: int) -> list[int]:
+    """k indices spread evenly over the sorted non-zero `lengths`, the longest included (ties: lowest index)."""
+    ranked = sorted((n, i) for i, n in enumerate(lengths) if n > 0)
+    if k <= 0 or not ranked:
+        return []
+    positions = [round((j + 1) / k * (len(ranked) - 1)) for j in range(k)]
+    return sorted({ranked[p][1] for p in positions})
+
+
+def write_outputs(result: dict, out_dir: Path, sources: list[str], hypotheses: list[str], best: list,
+                  heatmaps: int, has_alignment: bool) -> None:
+    """The .hyp, heatmaps, BLEU-by-length figure, .md and .json files of one evaluation (fills result["files"])."""
+    from nmt.plotting import attention_figure, bleu_by_length_figure, save_figure
+
+    split = result["split"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = result["files"]
+    hyp_path = out_dir / f"{split}.hyp"
+    hyp_path.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
+    files["hyp"] = str(hyp_path)
+
+    for i in heatmap_picks([len(t.src_pieces) for t in best], heatmaps):
+        t = best[i]
+        title = f"{split} #{i + 1}: {sources[i][:80]}"
+        fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title=title, has_alignment=has_alignment)
+        path = save_figure(fig, out_dir / "attention" / f"{split}_{i + 1}.png")
+        result["heatmaps"].append({"sentence": i + 1, "source_pieces": len(t.src_pieces), "file": str(path)})
+
+    rows = result["by_length"]
+    fig = bleu_by_length_figure({split: rows}, title=f"BLEU by source length ({split})")
+    files["bleu_by_length"] = str(save_figure(fig, out_dir / f"{split}_bleu_by_length.png"))
+
+    md_path = out_dir / f"{split}.md"
+    md_path.write_text(markdown_report(result), encoding="utf-8")
+    files["md"] = str(md_path)
+    json_path = out_dir / f"{split}.json"
+    files["json"] = str(json_path)
+    json_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _decoding_line(result: dict) -> str:
+    d = result.get("decoding", {})
+    kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
+    return (f"{kind}, length penalty {d.get('length_penalty')}, max length {d.get('max_len_ratio')} x source + "
+            f"{d.get('max_len_extra')}")
+
+
+def markdown_report(result: dict) -> str:
+    """The scores, signatures and by-length table as Markdown."""
+    sig = result["signatures"]
+    lines = [f"# {result['split']}: {result['sentences']} sentences", "",
+             f"checkpoint: `{result.get('checkpoint')}`  ", f"decoding: {_decoding_line(result)}", "",
+             "| metric | score | signature |", "|---|---:|---|"]
+    lines += [f"| {name} | {_num(result[key])} | `{sig[key]}` |" for name, key in METRICS]
+    lines += ["", "| source words | sentences | BLEU | chrF |", "|---|---:|---:|---:|"]
+    lines += [f"| {r['bucket']} | {r['n']} | {_num(r['bleu'])} | {_num(r['chrf'])} |" for r in result["by_length"]]
+    return "\n".join(lines) + "\n"
+
+
+
+def format_report(result: dict) -> str:
+    """Scores with signatures and the BLEU-by-length table as aligned plain text."""
+    lines = [f"{result['split']}: {result['sentences']} sentences, {_decoding_line(result)}"]
+    if result.get("checkpoint"):
+        lines.append(f"checkpoint: {result['checkpoint']}")
+    lines += [f"{name:<5} {_num(result[key]):>6}   {result['signatures'][key]}" for name, key in METRICS]
+    lines += ["", f"{'source words':<14} {'n':>6} {'BLEU':>7} {'chrF':>7}"]
+    lines += [f"{r['bucket']:<14} {r['n']:>6} {_num(r['bleu']):>7} {_num(r['chrf']):>7}" for r in result["by_length"]]
+    if result.get("files"):
+        lines += ["", f"written to {Path(result['files']['json']).parent}"]
+    return "\n".join(lines)

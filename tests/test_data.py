@@ -1,0 +1,141 @@
+"""Tokenizer round trips, the token batch sampler's properties, the cache and the length filter."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from nmt.corpora import Corpus, load_synthetic
+from nmt.data import EncodedSplit, TokenBatchSampler, TokenizerSettings, collate, padding_overhead, prepare
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+
+SENTENCES = [
+    "Im Anfang schuf Gott die Himmel und die Erde.",
+    "In the beginning God created the heaven and the earth.",
+    "Und Gott sprach: Es werde Licht! und es ward Licht.",
+    "And God said, Let there be light: and there was light.",
+] * 50
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    model = train_sentencepiece(SENTENCES, vocab_size=120)
+    return Tokenizer(model, model)
+
+
+def test_special_ids_are_fixed(tokenizer):
+    sp = tokenizer.src
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD_ID, 1, BOS_ID, EOS_ID)
+
+
+@pytest.mark.parametrize("text", SENTENCES[:4] + ["Licht und Erde", "  spaced   out  "])
+def test_round_trip(tokenizer, text):
+    ids = tokenizer.encode_tgt([text])[0]
+    assert ids[-1] == EOS_ID
+    assert tokenizer.decode_tgt(ids) == " ".join(text.split())
+
+
+def test_decode_stops_at_eos_and_skips_specials(tokenizer):
+    ids = tokenizer.encode_tgt(["Gott sprach"])[0]
+    assert tokenizer.decode_tgt([BOS_ID] + ids + [5, 6, 7]) == "Gott sprach"
+
+
+def test_bpe_and_separate_vocabularies():
+    src = train_sentencepiece(SENTENCES[0::2], vocab_size=80, model_type="bpe")
+    tgt = train_sentencepiece(SENTENCES[1::2], vocab_size=80, model_type="bpe")
+    tok = Tokenizer(src, tgt)
+    assert not tok.joint
+    assert tok.decode_tgt(tok.encode_tgt([SENTENCES[1]])[0]) == SENTENCES[1]
+
+
+def _lengths(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = random.Random(seed)
+    return (torch.tensor([rng.randint(1, 60) for _ in range(n)]), torch.tensor([rng.randint(1, 60) for _ in range(n)]))
+
+
+def test_sampler_covers_every_example_once_and_respects_the_cap():
+    src, tgt = _lengths(2000)
+    sampler = TokenBatchSampler(src, tgt, batch_tokens=800, seed=3)
+    for epoch in range(3):
+        batches = sampler.batches(epoch)
+        flat = [i for b in batches for i in b]
+        assert sorted(flat) == list(range(2000))
+        longest = torch.maximum(src, tgt)
+        for b in batches:
+            assert len(b) == 1 or len(b) * int(longest[b].max()) <= 800
+
+
+def test_sampler_same_seed_same_order_and_epochs_differ():
+    src, tgt = _lengths(500)
+    a = TokenBatchSampler(src, tgt, 400, seed=7)
+    b = TokenBatchSampler(src, tgt, 400, seed=7)
+    assert a.batches(0) == b.batches(0)
+    assert a.batches(0) != a.batches(1)
+    assert a.batches(0) != TokenBatchSampler(src, tgt, 400, seed=8).batches(0)
+
+
+def test_sampler_groups_similar_lengths():
+    src, tgt = _lengths(3000)
+    batches = TokenBatchSampler(src, tgt, 1000, seed=1).batches(0)
+    split = EncodedSplit([[5] * int(n) for n in src], [[5] * int(n) for n in tgt])
+    real, padded = padding_overhead(split, batches)
+    random_batches = [list(range(i, min(i + 30, 3000))) for i in range(0, 3000, 30)]
+    real_r, padded_r = padding_overhead(split, random_batches)
+    assert padded / real < 0.8 * (padded_r / real_r)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_sampler_shards_are_disjoint_and_complete(world):
+    src, tgt = _lengths(1000)
+    shards = [TokenBatchSampler(src, tgt, 600, seed=5, rank=r, world_size=world) for r in range(world)]
+    per_rank = [s.batches(2) for s in shards]
+    assert len({len(p) for p in per_rank}) == 1  # every rank takes the same number of steps
+    seen = [i for p in per_rank for b in p for i in b]
+    assert sorted(seen) == list(range(1000))  # disjoint and complete
+    assert all(len(b) > 0 for p in per_rank for b in p)
+
+
+def test_collate_shifts_target_and_pads():
+    split = EncodedSplit([[7, 8, EOS_ID], [9, EOS_ID]], [[10, 11, EOS_ID], [12, EOS_ID]])
+    batch = collate(split, [0, 1])
+    assert batch.src.tolist() == [[7, 8, EOS_ID], [9, EOS_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 10, 11], [BOS_ID, 12, PAD_ID]]
+    assert batch.tgt_out.tolist() == [[10, 11, EOS_ID], [12, EOS_ID, PAD_ID]]
+    assert batch.n_tokens == 5 and batch.src_lengths.tolist() == [3, 2]
+
+
+def _small_corpus(seed: int = 1) -> Corpus:
+    return load_synthetic(seed=seed, train_size=400, valid_size=20, test_size=20, max_len=8, test_max_len=12)
+
+
+def test_prepare_caches_and_reuses(tmp_path):
+    settings = TokenizerSettings(vocab_size=80)
+    first = prepare(_small_corpus(), settings, 100, tmp_path, progress=False)
+    stamp = (first.cache_dir / "encoded.pt").stat().st_mtime_ns
+    again = prepare(_small_corpus(), settings, 100, tmp_path, progress=False)
+    assert again.cache_dir == first.cache_dir
+    assert (again.cache_dir / "encoded.pt").stat().st_mtime_ns == stamp
+    assert torch.equal(again.encoded["train"].src, first.encoded["train"].src)
+    assert again.tokenizer.src_model == first.tokenizer.src_model
+
+
+def test_cache_key_changes_with_corpus_and_settings(tmp_path):
+    base = prepare(_small_corpus(), TokenizerSettings(vocab_size=80), 100, tmp_path, progress=False)
+    other_data = prepare(_small_corpus(seed=2), TokenizerSettings(vocab_size=80), 100, tmp_path, progress=False)
+    other_vocab = prepare(_small_corpus(), TokenizerSettings(vocab_size=60), 100, tmp_path, progress=False)
+    assert len({base.cache_dir, other_data.cache_dir, other_vocab.cache_dir}) == 3
+
+
+def test_length_filter_applies_to_train_only(tmp_path):
+    corpus = _small_corpus()
+    data = prepare(corpus, TokenizerSettings(vocab_size=80), 6, tmp_path, progress=False)
+    assert len(data.encoded["train"]) < len(corpus.splits["train"])
+    assert int(data.encoded["train"].src_lengths.max()) <= 6
+    assert len(data.encoded["valid"]) == len(corpus.splits["valid"])
+    dropped = next(v for k, v in data.dropped.items() if k.startswith("longer than"))
+    assert dropped == len(corpus.splits["train"]) - len(data.encoded["train"])
+    # the kept indices map encoded rows back to their text
+    s, t = data.pairs("train")[0]
+    assert data.tokenizer.decode_tgt(data.encoded["train"].target(0).tolist()) == t

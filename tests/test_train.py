@@ -1,0 +1,163 @@
+"""nmt-train end to end: artifacts, TensorBoard contents, exact resume (after SIGINT, SIGKILL, or a planned
+stop), rejected checkpoints, and multirun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.errors import CheckpointError
+
+TRAIN = [sys.executable, "-m", "nmt.cli.train"]
+SMALL = ["experiment=quick", "data.train_size=1500", "data.valid_size=60", "data.test_size=60",
+         "trainer.progress=false", "trainer.log_every=5", "trainer.heatmaps=1", "trainer.threads=1"]
+
+
+def run_train(run_dir: Path, data_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+    cmd = TRAIN + SMALL + [f"hydra.run.dir={run_dir}", f"paths.data_dir={data_dir}", *overrides]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def train_losses(ckpt: Path) -> dict[int, float]:
+    return {h["step"]: h["loss"] for h in load_checkpoint(ckpt)["history"] if h["kind"] == "train"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir) -> Path:
+    """An uninterrupted 40-step run, validating (and checkpointing) every 10 steps."""
+    run = tmp_path_factory.mktemp("reference")
+    run_train(run, data_dir, "trainer.max_steps=40", "trainer.valid_every=10")
+    return run
+
+
+def test_a_short_run_writes_every_artifact(reference):
+    for rel in (".hydra/config.yaml", "train.log", "checkpoints/last.pt", "checkpoints/best.pt", "metrics.json"):
+        assert (reference / rel).is_file(), rel
+    assert list((reference / "tensorboard").glob("events.out.tfevents.*"))
+    hyps = sorted((reference / "valid").glob("step_*.hyp"))
+    assert len(hyps) == 4 and len(hyps[-1].read_text().splitlines()) == 60
+    metrics = json.loads((reference / "metrics.json").read_text())
+    assert metrics["step"] == 40 and metrics["best"]["bleu"] > 0
+    assert "validation at step 40" in (reference / "train.log").read_text()
+
+
+def test_tensorboard_has_scalars_and_attention_images(reference):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(reference / "tensorboard"), size_guidance={"images": 0}).Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "valid/loss", "valid/ppl",
+                "valid/bleu", "valid/chrf"):
+        assert tag in scalars, tag
+    assert any(t.startswith("valid_bleu_by_length/") for t in scalars)
+    images = events.Tags()["images"]
+    assert images and len(events.Images(images[0])) == 4  # one heatmap per validation
+
+
+def test_checkpoint_describes_itself(reference):
+    data = load_checkpoint(reference / "checkpoints" / "last.pt")
+    for key in ("model", "model_config", "config", "spm_src", "spm_tgt", "optimizer", "rng", "step", "epoch",
+                "batch_pos"):
+        assert key in data, key
+    assert isinstance(data["spm_src"], bytes) and data["config"]["data"]["name"] == "synthetic"
+
+
+def test_resume_continues_the_same_loss_curve(tmp_path, reference, data_dir):
+    run = tmp_path / "run"
+    run_train(run, data_dir, "trainer.max_steps=20", "trainer.valid_every=10")
+    # a second call with a larger budget in the same run directory resumes from last.pt
+    run_train(run, data_dir, "trainer.max_steps=40", "trainer.valid_every=10")
+    assert train_losses(run / "checkpoints" / "last.pt") == train_losses(reference / "checkpoints" / "last.pt")
+    a = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(reference / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_killed_run_resumes_to_the_same_result(tmp_path, reference, data_dir, sig):
+    run = tmp_path / "run"
+    cmd = TRAIN + SMALL + [f"hydra.run.dir={run}", f"paths.data_dir={data_dir}", "trainer.max_steps=40",
+                           "trainer.valid_every=10"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    last = run / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.3)  # somewhere after the first checkpoint, mid-training
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+    proc.wait(timeout=60)
+    assert last.exists()
+    stopped_at = load_checkpoint(last)["step"]
+    if sig == signal.SIGINT and proc.returncode == 0:
+        assert 0 < stopped_at <= 40  # SIGINT: the step in progress finished and last.pt was written
+    run_train(run, data_dir, "trainer.max_steps=40", "trainer.valid_every=10")
+    assert train_losses(last) == train_losses(reference / "checkpoints" / "last.pt")
+
+
+def test_resume_from_an_explicit_run_dir(tmp_path, reference, data_dir):
+    run = tmp_path / "other"
+    proc = run_train(run, data_dir, "trainer.max_steps=50", "trainer.valid_every=10", f"trainer.resume={reference}")
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == 50
+    assert "resuming from" in (run / "train.log").read_text()
+    assert proc.returncode == 0
+
+
+def test_truncated_checkpoint_is_rejected_clearly(tmp_path, reference):
+    good = (reference / "checkpoints" / "last.pt").read_bytes()
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(good[: len(good) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        load_checkpoint(bad)
+    (tmp_path / "foreign.pt").write_bytes(b"hello, not a checkpoint")
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path / "foreign.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not an nmt checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="is a directory"):
+        load_checkpoint(reference)
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint(path, {"step": 1})
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointError, match="No space left on device.*intact"):
+        save_checkpoint(path, {"step": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left behind
+
+
+def test_multirun_makes_one_run_per_attention(tmp_path, data_dir):
+    sweep = tmp_path / "sweep"
+    cmd = TRAIN + ["-m"] + SMALL + ["attention=none,luong", "trainer.max_steps=10", "trainer.valid_every=10",
+                           f"paths.data_dir={data_dir}", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(runs) == 2
+    names = {load_checkpoint(r / "checkpoints" / "best.pt")["model_config"]["attention"] for r in runs}
+    assert names == {"none", "luong"}
