@@ -58,8 +58,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path}: not an nmt checkpoint (it holds objects other than tensors and plain "
-                              "values, which are never loaded); pass a checkpoint written by nmt-train") from None
+        raise CheckpointError(f"{path}: not an nmt checkpoint (unreadable, or holding objects other than tensors "
+                              "and plain values, which are never loaded); pass a checkpoint written by nmt-train") from None
     except Exception as e:  # torch reports a cut-off zip, a foreign pickle or random bytes in many ways
         raise CheckpointError(f"{path}: truncated or corrupt checkpoint, or not a checkpoint at all "
                               f"({type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else 'unreadable'}); "

@@ -1,6 +1,6 @@
 """Scoring a translator on a list of (source, reference) pairs, and the files that record it.
 
-    result = evaluate(translator, pairs, edges=[0, 10, 20, 30, 40, 50], heatmaps=4, out_dir=Path("eval"), split="test")
+    result = evaluate(translator, pairs, edges=[0, 10, 20], heatmaps=4, out_dir=Path("eval"), split="test")
     print(format_report(result))
 
 `result` holds corpus BLEU, chrF and TER with their sacrebleu signatures, BLEU/chrF by source length
@@ -25,8 +25,9 @@ from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
 METRICS = (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter"))  # (label, result key)
 
 
-def evaluate(translator, pairs: Sequence[tuple[str, str]], edges: Sequence[int] = DEFAULT_EDGES, heatmaps: int = 4,
-             out_dir: Path | None = None, split: str = "test", meta: dict | None = None) -> dict:
+def evaluate(translator, pairs: Sequence[tuple[str, str]], edges: Sequence[int] = DEFAULT_EDGES,
+             heatmaps: int = 4, out_dir: Path | None = None, split: str = "test",
+             meta: dict | None = None) -> dict:
     """Translate the sources of `pairs`, score against their references, and write files to `out_dir`.
 
     `meta` (plain values, e.g. the corpus name) is copied into the result and the JSON file.
@@ -59,7 +60,7 @@ def evaluate(translator, pairs: Sequence[tuple[str, str]], edges: Sequence[int] 
 
 
 def heatmap_picks(lengths: Sequence[int], k: int) -> list[int]:
-    """k indices spread evenly over the sorted non-zero `lengths`, the longest included (ties: lowest index)."""
+    """k indices spread evenly over the non-zero `lengths` sorted by (length, index), the longest included."""
     ranked = sorted((n, i) for i, n in enumerate(lengths) if n > 0)
     if k <= 0 or not ranked:
         return []
@@ -69,7 +70,7 @@ def heatmap_picks(lengths: Sequence[int], k: int) -> list[int]:
 
 def write_outputs(result: dict, out_dir: Path, sources: list[str], hypotheses: list[str], best: list,
                   heatmaps: int, has_alignment: bool) -> None:
-    """The .hyp, heatmaps, BLEU-by-length figure, .md and .json files of one evaluation (fills result["files"])."""
+    """Write the .hyp, heatmaps, BLEU-by-length figure, .md and .json files (and fill result["files"])."""
     from nmt.plotting import attention_figure, bleu_by_length_figure, save_figure
 
     split = result["split"]
@@ -82,7 +83,7 @@ def write_outputs(result: dict, out_dir: Path, sources: list[str], hypotheses: l
     for i in heatmap_picks([len(t.src_pieces) for t in best], heatmaps):
         t = best[i]
         title = f"{split} #{i + 1}: {sources[i][:80]}"
-        fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title=title, has_alignment=has_alignment)
+        fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title, has_alignment=has_alignment)
         path = save_figure(fig, out_dir / "attention" / f"{split}_{i + 1}.png")
         result["heatmaps"].append({"sentence": i + 1, "source_pieces": len(t.src_pieces), "file": str(path)})
 
@@ -105,8 +106,8 @@ def _num(value: float | None) -> str:
 def _decoding_line(result: dict) -> str:
     d = result.get("decoding", {})
     kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
-    return (f"{kind}, length penalty {d.get('length_penalty')}, max length {d.get('max_len_ratio')} x source + "
-            f"{d.get('max_len_extra')}")
+    return (f"{kind}, length penalty {d.get('length_penalty')}, "
+            f"max length {d.get('max_len_ratio')} x source + {d.get('max_len_extra')}")
 
 
 def markdown_report(result: dict) -> str:
@@ -117,7 +118,8 @@ def markdown_report(result: dict) -> str:
              "| metric | score | signature |", "|---|---:|---|"]
     lines += [f"| {name} | {_num(result[key])} | `{sig[key]}` |" for name, key in METRICS]
     lines += ["", "| source words | sentences | BLEU | chrF |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['bucket']} | {r['n']} | {_num(r['bleu'])} | {_num(r['chrf'])} |" for r in result["by_length"]]
+    lines += [f"| {r['bucket']} | {r['n']} | {_num(r['bleu'])} | {_num(r['chrf'])} |"
+              for r in result["by_length"]]
     return "\n".join(lines) + "\n"
 
 
@@ -129,7 +131,8 @@ def format_report(result: dict) -> str:
         lines.append(f"checkpoint: {result['checkpoint']}")
     lines += [f"{name:<5} {_num(result[key]):>6}   {result['signatures'][key]}" for name, key in METRICS]
     lines += ["", f"{'source words':<14} {'n':>6} {'BLEU':>7} {'chrF':>7}"]
-    lines += [f"{r['bucket']:<14} {r['n']:>6} {_num(r['bleu']):>7} {_num(r['chrf']):>7}" for r in result["by_length"]]
+    lines += [f"{r['bucket']:<14} {r['n']:>6} {_num(r['bleu']):>7} {_num(r['chrf']):>7}"
+              for r in result["by_length"]]
     if result.get("files"):
         lines += ["", f"written to {Path(result['files']['json']).parent}"]
     return "\n".join(lines)

@@ -32,7 +32,7 @@ def _log_probs(logits: Tensor) -> Tensor:
 class Hypothesis:
     tokens: list[int]
     score: float
-    attention: Tensor  # (len(tokens) + 1, S_real) float32 on the CPU
+    attention: Tensor  # (steps, S_real) float32 CPU: len(tokens) + 1 rows with EOS, len(tokens) if cut at the limit
 
 
 def length_penalty(length: int, alpha: float) -> float:

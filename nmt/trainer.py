@@ -430,8 +430,9 @@ def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch
     for sent in picks:
         hyp = attention[sent]
         src_text = pairs[sent][0]
-        figures.append(attention_figure(hyp.attention, data.tokenizer.src_pieces(src_text),
-                                        data.tokenizer.tgt_pieces(hyp.tokens) + ["</s>"], title=src_text[:80],
+        labels = data.tokenizer.tgt_pieces(hyp.tokens)
+        labels += ["</s>"] if hyp.attention.size(0) > len(hyp.tokens) else []  # no EOS when cut at the limit
+        figures.append(attention_figure(hyp.attention, data.tokenizer.src_pieces(src_text), labels, title=src_text[:80],
                                         has_alignment=model.attention.has_alignment))
     loss = nll / max(tokens, 1)
     return {"loss": round(loss, 5), "ppl": round(math.exp(min(loss, 50)), 3), "bleu": scores["bleu"],

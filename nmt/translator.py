@@ -52,13 +52,13 @@ class Decoding:
 class Translator:
     """A model and its tokenizer with fixed decoding settings (greedy when beam_size = nbest = 1)."""
 
-    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, device: str | torch.device = "cpu", beam_size: int = 1,
-                 nbest: int = 1, length_penalty: float = 1.0, max_len_ratio: float = 1.5, max_len_extra: int = 10,
-                 batch_tokens: int = 8000, max_src_pieces: int = 250):
+    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, device: str | torch.device = "cpu",
+                 beam_size: int = 1, nbest: int = 1, length_penalty: float = 1.0, max_len_ratio: float = 1.5,
+                 max_len_extra: int = 10, batch_tokens: int = 8000, max_src_pieces: int = 250):
         if beam_size < 1 or nbest < 1:
             raise ConfigError(f"beam size and nbest must be at least 1, not {beam_size} and {nbest}")
         if nbest > beam_size:
-            raise ConfigError(f"nbest ({nbest}) cannot exceed the beam size ({beam_size}); raise the beam size")
+            raise ConfigError(f"nbest ({nbest}) cannot exceed the beam size ({beam_size}); raise the beam")
         if max_src_pieces < 2:
             raise ConfigError(f"max_src_pieces must be at least 2 (a piece and EOS), not {max_src_pieces}")
         self.device = torch.device(device)
@@ -124,10 +124,11 @@ class Translator:
                 out.append(None)
                 continue
             seq = next(encoded)
-            if len(seq) > self.max_src_pieces:
-                log.warning("line %d: %d source pieces, more than max_src_pieces=%d; translating only its first "
-                            "%d pieces", first_line + n, len(seq), self.max_src_pieces, self.max_src_pieces - 1)
-                seq = seq[: self.max_src_pieces - 1] + [EOS_ID]
+            limit = self.max_src_pieces
+            if len(seq) > limit:
+                log.warning("line %d: %d source pieces, over max_src_pieces=%d; translating its first %d",
+                            first_line + n, len(seq), limit, limit - 1)
+                seq = seq[: limit - 1] + [EOS_ID]
             out.append(seq)
         return out
 
@@ -152,7 +153,8 @@ class Translator:
         return search(self.model, src.to(self.device), lengths, beam_size=d.beam_size, nbest=d.nbest,
                       max_len_ratio=d.max_len_ratio, max_len_extra=d.max_len_extra, alpha=d.length_penalty)
 
-    def _translation(self, src_ids: list[int], tokens: list[int], score: float, attention: Tensor) -> Translation:
+    def _translation(self, src_ids: list[int], tokens: list[int], score: float,
+                     attention: Tensor) -> Translation:
         src_pieces = [self.tokenizer.src.id_to_piece(i) for i in src_ids[:-1]] + ["</s>"]
         tgt_pieces = self.tokenizer.tgt_pieces(tokens)
         if attention.size(0) == len(tokens) + 1:  # the output ended with EOS (not cut at the length limit)

@@ -20,8 +20,9 @@ def quick_run(tmp_path_factory) -> Path:
     """Train the `quick` preset for 200 steps (about 15 s on 2 CPU cores) and return its run directory."""
     root = tmp_path_factory.mktemp("quick")
     run_dir = root / "run"
-    cmd = [str(BIN / "nmt-train"), "experiment=quick", f"hydra.run.dir={run_dir}", f"paths.data_dir={root / 'data'}",
-           "trainer.progress=false", "trainer.max_steps=200"]
+    cmd = [str(BIN / "nmt-train"), "experiment=quick", f"hydra.run.dir={run_dir}",
+           f"paths.data_dir={root / 'data'}", "trainer.progress=false", "trainer.max_steps=200",
+           "trainer.threads=1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (run_dir / "checkpoints" / "best.pt").exists()

@@ -33,7 +33,8 @@ def check_edges(value) -> list[int]:
     edges = plain(value)
     if (not isinstance(edges, list) or not edges or not all(isinstance(e, int) and e >= 0 for e in edges)
             or edges != sorted(set(edges))):
-        raise ConfigError(f"buckets must be a strictly increasing list of word counts, e.g. [0,10,20], not {edges}")
+        raise ConfigError(f"buckets must be a strictly increasing list of word counts, e.g. [0,10,20], "
+                          f"not {edges}")
     return edges
 
 
@@ -43,7 +44,8 @@ def run(cfg: DictConfig) -> dict:
     from nmt.translator import Decoding, Translator
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError("no checkpoint given; run e.g. nmt-evaluate checkpoint=outputs/<date>/<time>/checkpoints/best.pt")
+        raise ConfigError("no checkpoint given; run e.g. "
+                          "nmt-evaluate checkpoint=outputs/<date>/<time>/checkpoints/best.pt")
     checkpoint = Path(str(cfg.checkpoint))
     edges = check_edges(cfg.buckets)
     decoding = typed(Decoding, cfg.decoding, "decoding")
@@ -54,7 +56,8 @@ def run(cfg: DictConfig) -> dict:
     elif isinstance(payload.get("config"), dict) and payload["config"].get("data"):
         data = OmegaConf.create(payload["config"]["data"])
     else:
-        raise ConfigError(f"{checkpoint}: stores no corpus description; name one, e.g. data=multi30k data.root=DIR")
+        raise ConfigError(f"{checkpoint}: stores no corpus description; "
+                          "name one, e.g. data=multi30k data.root=DIR")
     corpus = build_corpus(data, cfg.paths.data_dir)
     if cfg.split not in corpus.splits:
         raise ConfigError(f"split={cfg.split} is not a split of corpus {corpus.name}; "

@@ -39,14 +39,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("checkpoint", help="a checkpoint written by nmt-train, e.g. <run dir>/checkpoints/best.pt")
     p.add_argument("text", nargs="*", help="sentences to translate (default: each line of stdin)")
     p.add_argument("--beam", type=int, default=1, metavar="N", help="beam size (default 1: greedy)")
-    p.add_argument("--nbest", type=int, default=1, metavar="N", help="print the N best translations (N <= beam)")
+    p.add_argument("--nbest", type=int, default=1, metavar="N", help="print the N best (N <= beam)")
     p.add_argument("--length-penalty", type=float, default=1.0, metavar="A",
                    help="GNMT alpha: score / ((5 + length) / 6) ** A (default 1.0)")
     p.add_argument("--max-len-ratio", type=float, default=1.5, metavar="R",
                    help="output at most R x source pieces + 10 (default 1.5)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N",
-                   help="translate up to N waiting lines together (default 32; the output does not depend on it)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default auto)")
+                   help="translate up to N waiting lines together (default 32; the output is the same)")
+    p.add_argument("--device", default="auto", help="auto (the default: cuda if any), cpu, cuda, cuda:N")
     p.add_argument("--attention", metavar="DIR", help="write one attention heatmap PNG per input line to DIR")
     p.add_argument("--print-alignment", action="store_true",
                    help="after each translation, print the most attended source piece of every output piece")
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def stdin_batches(max_lines: int, fd: int = 0) -> Iterator[list[str]]:
-    """Lines of `fd` in groups: block for the first line, then take only lines already waiting (<= max_lines)."""
+    """Lines of `fd` in groups: wait for a first line, then add only lines already waiting (<= max_lines)."""
     buffer, lines, eof = b"", [], False
     while not eof or lines:
         while not eof and len(lines) < max_lines and (not lines or select.select([fd], [], [], 0)[0]):
@@ -133,7 +133,7 @@ def translate(args: argparse.Namespace) -> None:
         try:
             os.makedirs(args.attention, exist_ok=True)
         except OSError as e:
-            raise ConfigError(f"--attention {args.attention}: cannot create the folder ({e.strerror})") from None
+            raise ConfigError(f"--attention {args.attention}: cannot create it ({e.strerror})") from None
     if args.text:
         for start in range(0, len(args.text), args.batch_size):
             write_results(translator, args, args.text[start : start + args.batch_size], start + 1)

@@ -1,0 +1,270 @@
+"""Tests for inference: search (greedy = beam 1, batch independence, n-best order), nmt.translator,
+nmt.evaluation, and the nmt-evaluate / nmt-translate commands end to end on a model trained once.
+
+    /work/venv/bin/python -m pytest -q tests/test_inference.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from nmt.attention import ATTENTIONS
+from nmt.evaluation import evaluate, format_report, heatmap_picks
+from nmt.model import ModelConfig, Seq2Seq
+from nmt.search import beam_search, greedy, search
+from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from nmt.translator import Translation, Translator
+
+BIN = Path(sys.executable).parent
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+V = 24  # vocabulary of the random models
+
+
+def small_model(attention: str = "luong", vocab: int = V, seed: int = 0) -> Seq2Seq:
+    """A tiny random model; the EOS bias makes some sentences end early and others run to the limit."""
+    torch.manual_seed(seed)
+    query = "previous" if attention == "bahdanau" else "current"
+    config = ModelConfig(embed_size=16, encoder_hidden_size=16, hidden_size=32, dropout=0.0,
+                         attention=attention, attention_query=query)
+    model = Seq2Seq(config, vocab, vocab).eval()
+    with torch.no_grad():
+        model.decoder.output.bias[EOS_ID] += 1.5
+    return model
+
+
+def random_batch(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded sources (B, S) of the given real lengths (EOS last) and their lengths (B,)."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD_ID, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        src[b, : n - 1] = torch.randint(4, V, (n - 1,), generator=g)
+        src[b, n - 1] = EOS_ID
+    return src, torch.tensor(lengths)
+
+
+LENGTHS = [7, 2, 9, 4, 9, 5]
+
+
+# ------------------------------------------------------------------------------------------------ search
+@pytest.mark.parametrize("attention", list(ATTENTIONS))
+def test_beam_of_one_is_greedy(attention):
+    model = small_model(attention)
+    src, lengths = random_batch(LENGTHS)
+    g = greedy(model, src, lengths, alpha=1.0)
+    b = beam_search(model, src, lengths, beam_size=1, nbest=1, alpha=1.0)
+    for gs, bs in zip(g, b, strict=True):
+        assert gs[0].tokens == bs[0].tokens
+        assert gs[0].score == pytest.approx(bs[0].score, abs=1e-4)
+        assert gs[0].attention.shape == bs[0].attention.shape
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("attention", list(ATTENTIONS))
+def test_search_does_not_depend_on_the_batch(attention, beam_size):
+    model = small_model(attention)
+    src, lengths = random_batch(LENGTHS)
+    limits = {"max_len_ratio": 1.0, "max_len_extra": 4}  # short outputs: fast, and some hit the limit
+    together = search(model, src, lengths, beam_size, beam_size, **limits)
+    for b, n in enumerate(LENGTHS):
+        alone = search(model, src[b : b + 1, :n], lengths[b : b + 1], beam_size, beam_size, **limits)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in together[b]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in together[b]], abs=1e-4)
+        for h_alone, h_together in zip(alone, together[b], strict=True):
+            assert h_alone.attention.shape == (len(h_alone.attention), n)
+            assert torch.allclose(h_alone.attention, h_together.attention, atol=1e-5)
+
+
+def test_nbest_is_sorted_by_score_and_starts_with_the_best():
+    model = small_model("luong")
+    src, lengths = random_batch(LENGTHS)
+    nbest = beam_search(model, src, lengths, beam_size=4, nbest=4)
+    best = beam_search(model, src, lengths, beam_size=4, nbest=1)
+    for hyps, top in zip(nbest, best, strict=True):
+        assert 1 <= len(hyps) <= 4
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert hyps[0].tokens == top[0].tokens
+
+
+# ------------------------------------------------------------------------------------------- translator
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+@pytest.fixture(scope="module")
+def translator_parts() -> tuple[Seq2Seq, Tokenizer]:
+    sentences = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 6)) for i in range(60)]
+    spm = train_sentencepiece(sentences, vocab_size=40)
+    tokenizer = Tokenizer(spm, spm)
+    return small_model("luong", vocab=tokenizer.src_vocab_size), tokenizer
+
+
+TEXTS = ["alpha beta gamma", "", "delta " * 12, "   ", "mu", "kappa lambda mu eta theta"]
+
+
+def test_translator_output_does_not_depend_on_batch_tokens(translator_parts):
+    model, tok = translator_parts
+    for beam in (1, 3):
+        big = Translator(model, tok, beam_size=beam, nbest=beam, batch_tokens=100_000).translate(TEXTS)
+        small = Translator(model, tok, beam_size=beam, nbest=beam, batch_tokens=1).translate(TEXTS)
+        assert [[t.text for t in ts] for ts in big] == [[t.text for t in ts] for ts in small]
+        scores = [t.score for ts in small for t in ts]
+        assert [t.score for ts in big for t in ts] == pytest.approx(scores, abs=1e-4)
+
+
+def test_translations_keep_order_and_shapes(translator_parts):
+    model, tok = translator_parts
+    results = Translator(model, tok, beam_size=2, nbest=2).translate(TEXTS)
+    assert len(results) == len(TEXTS)
+    for text, ts in zip(TEXTS, results, strict=True):
+        if not text.strip():
+            assert [(t.text, t.src_pieces, t.tgt_pieces) for t in ts] == [("", [], [])]
+            continue
+        assert ts[0].src_pieces == tok.src_pieces(text)
+        for t in ts:
+            assert t.attention.dtype == torch.float32 and t.attention.device.type == "cpu"
+            assert t.attention.shape == (len(t.tgt_pieces), len(t.src_pieces))
+
+
+def test_empty_inputs_do_not_call_the_model(translator_parts, monkeypatch):
+    model, tok = translator_parts
+    monkeypatch.setattr("nmt.translator.search", lambda *a, **k: pytest.fail("the model was called"))
+    assert [[t.text for t in ts] for ts in Translator(model, tok).translate(["", " \t "])] == [[""], [""]]
+
+
+def test_long_source_is_cut_with_a_warning(translator_parts, caplog):
+    model, tok = translator_parts
+    with caplog.at_level(logging.WARNING, logger="nmt.translator"):
+        [[t]] = Translator(model, tok, max_src_pieces=6).translate(["alpha beta " * 30], first_line=7)
+    assert len(t.src_pieces) == 6 and t.src_pieces[-1] == "</s>"
+    assert "line 7" in caplog.text and "max_src_pieces=6" in caplog.text
+
+
+def test_nbest_larger_than_the_beam_is_refused(translator_parts):
+    model, tok = translator_parts
+    with pytest.raises(Exception, match="nbest"):
+        Translator(model, tok, beam_size=2, nbest=3)
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+class EchoTranslator:
+    """Returns the reference of each source: a perfect system, to test the evaluation's own arithmetic."""
+
+    settings = {"beam_size": 1, "nbest": 1, "length_penalty": 1.0, "max_len_ratio": 1.5, "max_len_extra": 10}
+    checkpoint = None
+    has_alignment = False
+
+    def __init__(self, pairs: list[tuple[str, str]]):
+        self.ref = dict(pairs)
+
+    def translate(self, texts: list[str]) -> list[list[Translation]]:
+        out = []
+        for text in texts:
+            src, tgt = text.split() + ["</s>"], self.ref[text].split() + ["</s>"]
+            out.append([Translation(self.ref[text], 0.0, src, tgt, torch.zeros(len(tgt), len(src)))])
+        return out
+
+
+PAIRS = [(" ".join(f"s{i}w{j}" for j in range(n)), " ".join(f"t{i}w{j}" for j in range(n)))
+         for i, n in enumerate([3, 5, 8, 12, 15, 25, 33, 4, 60])]
+
+
+def test_references_score_100_and_every_file_is_written(tmp_path):
+    result = evaluate(EchoTranslator(PAIRS), PAIRS, [0, 10, 20, 30], 2, out_dir=tmp_path, split="dev")
+    assert result["bleu"] == 100.0 and result["chrf"] == 100.0 and result["ter"] == 0.0
+    assert sum(row["n"] for row in result["by_length"]) == len(PAIRS)
+    assert [row["bucket"] for row in result["by_length"]] == ["0-9", "10-19", "20-29", "30+"]
+    assert all(row["bleu"] == 100.0 for row in result["by_length"])
+    assert (tmp_path / "dev.hyp").read_text().splitlines() == [t for _, t in PAIRS]
+    saved = json.loads((tmp_path / "dev.json").read_text())
+    assert saved["bleu"] == 100.0 and "nrefs:1" in saved["signatures"]["bleu"] and "hypotheses" not in saved
+    assert "| 30+ | 2 | 100.00 | 100.00 |" in (tmp_path / "dev.md").read_text()
+    heatmaps = sorted((tmp_path / "attention").glob("dev_*.png"))
+    assert len(heatmaps) == 2 and (tmp_path / "attention" / "dev_9.png") in heatmaps  # the longest is drawn
+    for png in [*heatmaps, tmp_path / "dev_bleu_by_length.png"]:
+        assert_png(png)
+    report = format_report(result)
+    assert re.search(r"^BLEU +100\.00 +nrefs:1\|case:mixed", report, re.M) and "30+" in report
+
+
+def test_heatmap_picks_spread_over_lengths_and_include_the_longest():
+    lengths = [5, 0, 40, 12, 7, 30, 3, 40]
+    assert heatmap_picks(lengths, 3) == heatmap_picks(lengths, 3)
+    picks = heatmap_picks(lengths, 3)
+    assert len(picks) == 3 and max(lengths[i] for i in picks) == 40 and 1 not in picks
+    assert heatmap_picks(lengths, 0) == [] and heatmap_picks([0, 0], 2) == []
+    assert len(heatmap_picks(lengths, 20)) <= 7
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    image = matplotlib.image.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 10 and image.shape[1] > 10
+
+
+# ---------------------------------------------------------------------------------------- the commands
+def run(*cmd: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / cmd[0]), *cmd[1:]], input=stdin, capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def test_nmt_evaluate_end_to_end(quick_run, tmp_path):
+    out = tmp_path / "eval"
+    proc = run("nmt-evaluate", f"checkpoint={quick_run / 'checkpoints' / 'best.pt'}", f"output={out}",
+               "heatmaps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^BLEU +\d+\.\d\d +nrefs:1\|case:mixed\|eff:no\|tok:13a", proc.stdout, re.M)
+    assert re.search(r"^chrF +\d+\.\d\d +nrefs:1", proc.stdout, re.M)
+    result = json.loads((out / "test.json").read_text())
+    assert result["sentences"] == len((out / "test.hyp").read_text().splitlines()) == 300
+    assert sum(row["n"] for row in result["by_length"]) == 300 and 0 < result["bleu"] <= 100
+    assert result["checkpoint"].endswith("best.pt") and result["decoding"]["beam_size"] == 1
+    assert (out / "test.md").read_text().startswith("# test")
+    pngs = [out / "test_bleu_by_length.png", *sorted((out / "attention").glob("test_*.png"))]
+    assert len(pngs) == 3
+    for png in pngs:
+        assert_png(png)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval"]  # Hydra wrote nothing of its own
+
+
+def test_nmt_evaluate_unknown_split_lists_the_splits(quick_run, tmp_path):
+    checkpoint = quick_run / "checkpoints" / "best.pt"
+    proc = run("nmt-evaluate", f"checkpoint={checkpoint}", "split=nope", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "train, valid, test" in proc.stderr
+
+
+def test_nmt_translate_round_trip_through_stdin(quick_run, tmp_path):
+    ckpt = str(quick_run / "checkpoints" / "best.pt")
+    proc = run("nmt-translate", ckpt, "--attention", str(tmp_path / "att"), stdin="one two\n\nthree four\n")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n")
+    assert len(lines) == 4 and lines[3] == "" and lines[1] == "" and lines[0] and lines[2]
+    assert sorted(p.name for p in (tmp_path / "att").iterdir()) == ["1.png", "3.png"]
+    for png in (tmp_path / "att").iterdir():
+        assert_png(png)
+
+
+def test_nmt_translate_nbest_and_alignment(quick_run):
+    ckpt = str(quick_run / "checkpoints" / "best.pt")
+    proc = run("nmt-translate", ckpt, "--beam", "3", "--nbest", "2", "--print-alignment", "one two", "three")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 * 2 * 2  # 2 inputs x 2 hypotheses x (translation + alignment)
+    scores = [float(line.split("\t")[0]) for line in lines[0::2]]
+    assert all("\t" in line for line in lines[0::2]) and scores[0] >= scores[1] and scores[2] >= scores[3]
+    assert all(all("->" in pair for pair in line.split(" ")) for line in lines[1::2])
+
+
+def test_nmt_translate_missing_checkpoint_is_one_line(tmp_path):
+    proc = run("nmt-translate", str(tmp_path / "missing.pt"), "hello")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "missing.pt" in proc.stderr and "Traceback" not in proc.stderr
