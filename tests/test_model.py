@@ -1,0 +1,615 @@
+"""Tests for the model: every attention type (parametrised from the registry), the encoder, the decoder's
+two code paths, padding, the loss, and the configs that build a model.
+
+Everything runs on tiny random tensors except `test_real_config_real_batches` (slow): it composes the
+real Hydra config for every file in configs/attention/ and trains a few steps on real batches of the
+default corpus.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+from torch import nn
+
+from nmt.attention import (
+    ATTENTIONS,
+    AdditiveAttention,
+    LocalAttention,
+    LuongAttention,
+    MultiHeadAttention,
+    NoAttention,
+    build_attention,
+)
+from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed
+from nmt.data import TokenizerSettings, collate
+from nmt.encoder import Encoder
+from nmt.errors import ConfigError
+from nmt.model import ModelConfig, Seq2Seq, token_loss
+from nmt.tokenizer import BOS_ID, PAD_ID
+from nmt.trainer import OptimConfig, TrainerConfig
+
+SRC_VOCAB, TGT_VOCAB = 13, 11  # different sizes, so a mix-up of the two shows as a shape error
+EMBED, ENC_HIDDEN, HIDDEN = 6, 5, 12  # encoder states D = 10 != decoder hidden 12 (except for dot)
+ENC_SIZE = 2 * ENC_HIDDEN
+ATTENTION_FILES = sorted(p.stem for p in (Path(CONFIG_DIR) / "attention").glob("*.yaml"))
+EXPERIMENT_FILES = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob("*.yaml"))
+
+
+def variants() -> list:
+    """(id, attention name, query, options) for every registered attention, plus the luong scores and
+    both bahdanau query orders. A newly registered attention is covered with its default options."""
+    out = []
+    for name in ATTENTIONS:
+        if name == "luong":
+            scores = ("dot", "general", "concat")
+            out += [pytest.param(name, "current", {"score": s}, id=f"luong-{s}") for s in scores]
+        elif name == "bahdanau":
+            out += [pytest.param(name, q, {}, id=f"bahdanau-{q}") for q in ("previous", "current")]
+        elif name == "local":  # a window narrower than the sentences, so the window matters
+            out.append(pytest.param(name, "current", {"window": 2}, id="local-w2"))
+        else:
+            out.append(pytest.param(name, "current", {}, id=name))
+    return out
+
+
+VARIANTS = variants()
+
+
+def hidden_for(options: dict) -> int:
+    return ENC_SIZE if options.get("score") == "dot" else HIDDEN  # dot needs hidden == 2 * encoder hidden
+
+
+def make_config(name: str, query: str = "current", options: dict | None = None, **overrides) -> ModelConfig:
+    """A tiny ModelConfig for attention `name` (dropout off, so train and eval agree)."""
+    options = dict(options or {})
+    values = dict(embed_size=EMBED, encoder_hidden_size=ENC_HIDDEN, hidden_size=hidden_for(options),
+                  dropout=0.0, attention=name, attention_query=query, attention_options=options)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+def make_model(name: str, query: str = "current", options: dict | None = None, **overrides) -> Seq2Seq:
+    return Seq2Seq(make_config(name, query, options, **overrides), SRC_VOCAB, TGT_VOCAB)
+
+
+def make_batch(src_lengths: list[int], tgt_lengths: list[int]):
+    """Random padded (src, lengths, tgt_in, tgt_out): tgt_in = BOS + tgt_out[:-1], padded after a length."""
+    B, S, T = len(src_lengths), max(src_lengths), max(tgt_lengths)
+    src = torch.full((B, S), PAD_ID, dtype=torch.long)
+    tgt_in = torch.full((B, T), PAD_ID, dtype=torch.long)
+    tgt_out = torch.full((B, T), PAD_ID, dtype=torch.long)
+    for b, (n, m) in enumerate(zip(src_lengths, tgt_lengths, strict=True)):
+        src[b, :n] = torch.randint(4, SRC_VOCAB, (n,))
+        words = torch.randint(4, TGT_VOCAB, (m,))
+        tgt_out[b, :m] = words
+        tgt_in[b, 0] = BOS_ID
+        tgt_in[b, 1:m] = words[:-1]
+    return src, torch.tensor(src_lengths), tgt_in, tgt_out
+
+
+def length_mask(lengths: list[int], S: int) -> torch.Tensor:
+    return torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: tiny ops gain nothing from more, and a shared CPU makes spinning threads slow."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True)
+def seed():
+    torch.manual_seed(0)
+
+
+def test_variants_cover_the_registry():
+    assert {p.values[0] for p in VARIANTS} == set(ATTENTIONS)
+    assert set(ATTENTION_FILES) == set(ATTENTIONS), "every attention has a config file and every file a class"
+
+
+# ------------------------------------------------------------------------------------ attention alone
+
+
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_attention_weights_are_a_distribution_over_real_tokens(name, query, options, T):
+    Q = hidden_for(options)
+    att = build_attention(name, Q, ENC_SIZE, options)
+    lengths = [3, 7, 1]
+    B, S = len(lengths), max(lengths)
+    mask = length_mask(lengths, S)
+    states, summary = torch.randn(B, S, ENC_SIZE), torch.randn(B, ENC_SIZE)
+    query_t = torch.randn(B, T, Q)
+    keys, values = att.prepare(states, summary)
+    context, weights = att(query_t, keys, values, mask)
+    assert context.shape == (B, T, ENC_SIZE)
+    assert weights.shape == (B, T, S)
+    assert torch.isfinite(context).all()
+    pad = ~mask[:, None, :].expand(B, T, S)
+    assert (weights[pad] == 0).all(), "padding must get exactly zero weight"
+    if att.has_alignment:
+        assert (weights >= 0).all()
+        torch.testing.assert_close(weights.sum(-1), torch.ones(B, T))
+    else:
+        assert (weights == 0).all()
+
+    # what sits in the padded positions cannot change the context
+    pad_positions = ~mask[:, :, None]
+    garbage = states.masked_fill(pad_positions, 0.0) + 100 * torch.randn(B, S, ENC_SIZE) * pad_positions
+    context2, weights2 = att(query_t, *att.prepare(garbage, summary), mask)
+    torch.testing.assert_close(context2, context)
+    torch.testing.assert_close(weights2, weights)
+
+
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_attention_all_steps_at_once_equals_one_step_at_a_time(name, query, options):
+    """The batched call over T queries (teacher forcing) equals T calls with one query each (search)."""
+    Q = hidden_for(options)
+    att = build_attention(name, Q, ENC_SIZE, options)
+    lengths = [4, 6]
+    mask = length_mask(lengths, 6)
+    keys, values = att.prepare(torch.randn(2, 6, ENC_SIZE), torch.randn(2, ENC_SIZE))
+    query_t = torch.randn(2, 5, Q)
+    context, weights = att(query_t, keys, values, mask)
+    for t in range(5):
+        c, w = att(query_t[:, t : t + 1], keys, values, mask)
+        torch.testing.assert_close(c[:, 0], context[:, t])
+        torch.testing.assert_close(w[:, 0], weights[:, t])
+
+
+# ------------------------------------------------------------------------- scores against the formulas
+
+
+def reference_additive(module: AdditiveAttention, query, states):
+    """score(s, h) = v^T tanh(W_s s + W_h h + b), one (b, t, s) at a time."""
+    W_s, W_h, b_h = module.query_proj.weight, module.key_proj.weight, module.key_proj.bias
+    v = module.v.weight[0]
+    B, T, S = query.size(0), query.size(1), states.size(1)
+    scores = torch.empty(B, T, S)
+    for i, t, j in itertools.product(range(B), range(T), range(S)):
+        scores[i, t, j] = v @ torch.tanh(W_s @ query[i, t] + W_h @ states[i, j] + b_h)
+    return scores
+
+
+def reference_scores(att, query, states):
+    if isinstance(att, AdditiveAttention):
+        return reference_additive(att, query, states)
+    if att.score_name == "concat":
+        return reference_additive(att.additive, query, states)
+    B, T, S = query.size(0), query.size(1), states.size(1)
+    scores = torch.empty(B, T, S)
+    for i, t, j in itertools.product(range(B), range(T), range(S)):
+        s, h = query[i, t], states[i, j]
+        # dot: s^T h;  general: s^T W h
+        scores[i, t, j] = s @ h if att.score_name == "dot" else s @ (att.key_proj.weight @ h)
+    return scores
+
+
+def reference_softmax(scores, allowed):
+    """Softmax over the allowed positions only, written out: exp(e - max) / sum."""
+    e = scores.masked_fill(~allowed, float("-inf"))
+    e = torch.exp(e - e.max(dim=-1, keepdim=True).values)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+SCORED = [v for v in VARIANTS if v.values[0] in ("bahdanau", "luong")]
+
+
+@pytest.mark.parametrize("name, query, options", SCORED)
+def test_scores_match_the_formulas(name, query, options):
+    Q = hidden_for(options)
+    att = build_attention(name, Q, ENC_SIZE, options)
+    lengths = [5, 3]
+    mask = length_mask(lengths, 5)
+    states, query_t = torch.randn(2, 5, ENC_SIZE), torch.randn(2, 3, Q)
+    keys, values = att.prepare(states, torch.randn(2, ENC_SIZE))
+    with torch.no_grad():
+        expected_scores = reference_scores(att, query_t, states)
+        torch.testing.assert_close(att.score(query_t, keys), expected_scores, atol=1e-5, rtol=1e-5)
+        context, weights = att(query_t, keys, values, mask)
+        expected = reference_softmax(expected_scores, mask[:, None, :].expand(2, 3, 5))
+    torch.testing.assert_close(weights, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(context, torch.einsum("bts,bsd->btd", expected, states), atol=1e-5, rtol=1e-5)
+
+
+def test_multihead_matches_scaled_dot_product_per_head():
+    heads, Q = 3, HIDDEN
+    att = MultiHeadAttention(Q, ENC_SIZE, heads=heads)
+    lengths = [4, 2]
+    mask = length_mask(lengths, 4)
+    states, query_t = torch.randn(2, 4, ENC_SIZE), torch.randn(2, 3, Q)
+    with torch.no_grad():
+        context, weights = att(query_t, *att.prepare(states, states[:, 0]), mask)
+        d_k = Q // heads
+        q, k, v = att.q_proj(query_t), att.k_proj(states), att.v_proj(states)  # W_Q s, W_K h, W_V h
+        head_outputs, head_weights = [], []
+        for h in range(heads):
+            cut = slice(h * d_k, (h + 1) * d_k)
+            scores = torch.einsum("btk,bsk->bts", q[..., cut], k[..., cut]) / math.sqrt(d_k)
+            w = reference_softmax(scores, mask[:, None, :].expand(2, 3, 4))
+            head_weights.append(w)
+            head_outputs.append(torch.einsum("bts,bsk->btk", w, v[..., cut]))
+        expected_context = att.out_proj(torch.cat(head_outputs, dim=-1))
+    torch.testing.assert_close(weights, torch.stack(head_weights).mean(0), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(context, expected_context, atol=1e-5, rtol=1e-5)
+
+
+def local_centres(att: LocalAttention, query, lengths):
+    """p_t = (len - 1) * sigmoid(v_p^T tanh(W_p s)), per sentence and step."""
+    with torch.no_grad():
+        last = torch.tensor(lengths, dtype=torch.float32)[:, None] - 1
+        return last * torch.sigmoid(att.position(query)[..., 0])
+
+
+def test_local_attention_matches_the_formula_and_stays_in_its_window():
+    window, Q = 2, HIDDEN
+    att = LocalAttention(Q, ENC_SIZE, window=window)
+    lengths = [12, 9, 3]
+    B, S, T = 3, 12, 6
+    mask = length_mask(lengths, S)
+    states, query_t = torch.randn(B, S, ENC_SIZE), 3 * torch.randn(B, T, Q)
+    with torch.no_grad():
+        nn.init.normal_(att.position[2].weight, std=3.0)  # spread the predicted centres over the sentence
+        context, weights = att(query_t, *att.prepare(states, states[:, 0]), mask)
+    centre = local_centres(att, query_t, lengths)  # (B, T)
+    distance = torch.arange(S, dtype=torch.float32)[None, None, :] - centre[:, :, None]  # (B, T, S)
+    outside = distance.abs() > window
+    assert (weights[outside] == 0).all(), "local attention must put zero weight outside its window"
+    assert ((weights > 0).sum(-1) <= 2 * window + 1).all()
+    assert (weights[~mask[:, None, :].expand(B, T, S)] == 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, T))
+    assert centre.max() - centre.min() > window, "the test needs centres in different places"
+    sigma = window / 2
+    with torch.no_grad():
+        general = torch.einsum("btq,qd,bsd->bts", query_t, att.key_proj.weight, states)  # s^T W h
+    allowed = ~outside & mask[:, None, :]
+    expected = reference_softmax(general - distance**2 / (2 * sigma**2), allowed)
+    torch.testing.assert_close(weights, expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(context, torch.einsum("bts,bsd->btd", expected, states), atol=1e-4, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------------- "none" and summary
+
+
+def test_none_ignores_source_positions_and_the_query():
+    att = NoAttention(HIDDEN, ENC_SIZE)
+    B, S = 2, 6
+    states, summary = torch.randn(B, S, ENC_SIZE), torch.randn(B, ENC_SIZE)
+    mask = torch.ones(B, S, dtype=torch.bool)
+    context, _ = att(torch.randn(B, 3, HIDDEN), *att.prepare(states, summary), mask)
+    for _ in range(3):
+        perm = torch.randperm(S)
+        permuted, _ = att(torch.randn(B, 3, HIDDEN), *att.prepare(states[:, perm], summary), mask[:, perm])
+        torch.testing.assert_close(permuted, context, rtol=0, atol=0)
+    torch.testing.assert_close(context, summary[:, None, :].expand(B, 3, ENC_SIZE), rtol=0, atol=0)
+
+
+def test_encoder_summary_is_fwd_at_last_real_token_and_bwd_at_first():
+    enc = Encoder(SRC_VOCAB, EMBED, ENC_HIDDEN, num_layers=1, bidirectional=True)
+    lengths = [4, 7, 2]
+    src, src_lengths, _, _ = make_batch(lengths, [1, 1, 1])
+    out = enc(src, src_lengths)
+    H = ENC_HIDDEN
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(out.summary[b, :H], out.states[b, n - 1, :H])  # forward: last real token
+        torch.testing.assert_close(out.summary[b, H:], out.states[b, 0, H:])  # backward: first token
+        assert (out.states[b, n:] == 0).all(), "encoder states are zero on padding"
+
+
+def test_none_context_is_the_encoder_summary_in_the_model():
+    model = make_model("none").eval()
+    src, lengths, tgt_in, _ = make_batch([4, 7, 2], [3, 2, 5])
+    with torch.no_grad():
+        enc, keys, values, _ = model.encode(src, lengths)
+        context, weights = model.attention(torch.randn(3, 5, HIDDEN), keys, values, enc.mask)
+    torch.testing.assert_close(context, enc.summary[:, None, :].expand(3, 5, ENC_SIZE), rtol=0, atol=0)
+    assert (weights == 0).all()
+
+
+def test_bridge_joins_the_bidirectional_halves_layer_by_layer():
+    layers = 2
+    enc = Encoder(SRC_VOCAB, EMBED, ENC_HIDDEN, num_layers=layers, bidirectional=True).eval()
+    lstm = nn.LSTM(EMBED, ENC_HIDDEN, num_layers=layers, bidirectional=True, batch_first=True)
+    lstm.load_state_dict(enc.rnn.state_dict())
+    lengths = [5, 3, 6]
+    src, src_lengths, _, _ = make_batch(lengths, [1, 1, 1])
+    with torch.no_grad():
+        out = enc(src, src_lengths)
+        assert out.final_h.shape == out.final_c.shape == (layers, 3, ENC_SIZE)
+        for b, n in enumerate(lengths):  # each sentence alone and unpadded, straight through nn.LSTM
+            _, (h_n, c_n) = lstm(enc.embed(src[b : b + 1, :n]))  # h_n (2 * layers, 1, H): fwd_1, bwd_1, ...
+            for l in range(layers):
+                torch.testing.assert_close(out.final_h[l, b], torch.cat([h_n[2 * l, 0], h_n[2 * l + 1, 0]]))
+                torch.testing.assert_close(out.final_c[l, b], torch.cat([c_n[2 * l, 0], c_n[2 * l + 1, 0]]))
+
+    model = make_model("luong", encoder_layers=2, decoder_layers=2).eval()
+    with torch.no_grad():
+        enc_out, _, _, state = model.encode(src, src_lengths)
+        torch.testing.assert_close(state.h, torch.tanh(model.decoder.bridge_h(enc_out.final_h)))
+        torch.testing.assert_close(state.c, model.decoder.bridge_c(enc_out.final_c))
+    zero = make_model("luong", bridge="zero")
+    _, _, _, state = zero.encode(src, src_lengths)
+    assert (state.h == 0).all() and (state.c == 0).all() and (state.feed == 0).all()
+
+
+# ---------------------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_forward_shapes_and_gradients_reach_every_parameter(name, query, options):
+    model = make_model(name, query, options)
+    src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2], [3, 2, 5])
+    logits, weights = model(src, lengths, tgt_in)
+    assert logits.shape == (3, 5, TGT_VOCAB)
+    assert weights.shape == (3, 5, 7)
+    loss, n = token_loss(logits, tgt_out)
+    assert n == 3 + 2 + 5 and torch.isfinite(loss)
+    loss.backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, f"{pname} gets no gradient"
+        assert torch.isfinite(p.grad).all(), pname
+        assert p.grad.abs().sum() > 0, f"{pname} has an all-zero gradient"
+
+
+@pytest.mark.parametrize("encoder_layers, decoder_layers", [(2, 2), (2, 1), (1, 2)])
+def test_deep_models_shapes_and_gradients(encoder_layers, decoder_layers):
+    model = make_model("luong", encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+    src, lengths, tgt_in, tgt_out = make_batch([4, 6], [3, 4])
+    logits, weights = model(src, lengths, tgt_in)
+    assert logits.shape == (2, 4, TGT_VOCAB) and weights.shape == (2, 4, 6)
+    token_loss(logits, tgt_out)[0].backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_teacher_forcing_equals_step_by_step(name, query, options, input_feeding):
+    model = make_model(name, query, options, input_feeding=input_feeding).eval()
+    src, lengths, tgt_in, _ = make_batch([4, 7, 2], [3, 2, 5])
+    with torch.no_grad():
+        logits, weights = model(src, lengths, tgt_in)
+        enc, keys, values, state = model.encode(src, lengths)
+        step_logits, step_weights = [], []
+        for t in range(tgt_in.size(1)):
+            out, state, w = model.decoder.step(tgt_in[:, t], state, keys, values, enc.mask)
+            step_logits.append(out)
+            step_weights.append(w)
+    assert torch.allclose(logits, torch.stack(step_logits, 1), atol=1e-5)
+    assert torch.allclose(weights, torch.stack(step_weights, 1), atol=1e-5)
+
+
+@pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_padding_does_not_leak_between_sentences(name, query, options, input_feeding):
+    model = make_model(name, query, options, input_feeding=input_feeding).eval()
+    src_lengths, tgt_lengths = [4, 7, 2], [3, 2, 5]
+    src, lengths, tgt_in, _ = make_batch(src_lengths, tgt_lengths)
+    with torch.no_grad():
+        logits, weights = model(src, lengths, tgt_in)
+        for i, (n, m) in enumerate(zip(src_lengths, tgt_lengths, strict=True)):
+            alone, alone_w = model(src[i : i + 1, :n], lengths[i : i + 1], tgt_in[i : i + 1, :m])
+            assert torch.allclose(logits[i, :m], alone[0], atol=1e-5), f"sentence {i}"
+            assert torch.allclose(weights[i, :m, :n], alone_w[0], atol=1e-5), f"sentence {i}"
+            assert (weights[i, :, n:] == 0).all()
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+
+def test_invalid_attention_settings_raise_value_error():
+    with pytest.raises(ValueError, match="heads"):
+        build_attention("multihead", 12, ENC_SIZE, {"heads": 5})
+    with pytest.raises(ValueError, match="heads"):
+        make_model("multihead", options={"heads": 5})
+    with pytest.raises(ValueError, match="dot"):
+        build_attention("luong", 12, 10, {"score": "dot"})
+    with pytest.raises(ValueError, match="dot"):
+        Seq2Seq(make_config("luong", options={"score": "dot"}, hidden_size=12), SRC_VOCAB, TGT_VOCAB)
+    assert isinstance(build_attention("luong", 10, 10, {"score": "dot"}), LuongAttention)
+    with pytest.raises(ValueError, match="score"):
+        build_attention("luong", 12, 10, {"score": "cosine"})
+    with pytest.raises(ValueError, match="unknown attention"):
+        build_attention("sparsemax", 12, 10)
+    with pytest.raises(ValueError, match="bogus"):
+        build_attention("luong", 12, 10, {"bogus": 1})
+    with pytest.raises(ValueError, match="window"):
+        build_attention("local", 12, 10, {"window": 0})
+    with pytest.raises(ValueError, match="query"):
+        make_model("luong", query="next")
+    with pytest.raises(ValueError, match="bridge"):
+        make_model("luong", bridge="mean")
+
+
+# ------------------------------------------------------------------------------------------- loss
+
+
+def test_token_loss_ignores_padding():
+    B, T, V = 3, 6, TGT_VOCAB
+    logits = torch.randn(B, T, V)
+    target = torch.randint(4, V, (B, T))
+    target[0, 4:] = PAD_ID
+    target[2, 1:] = PAD_ID
+    loss, n = token_loss(logits, target)
+    assert n == int((target != PAD_ID).sum()) == 4 + 6 + 1
+    changed = logits.clone()
+    changed[target == PAD_ID] = 50 * torch.randn(int((target == PAD_ID).sum()), V)
+    for smoothing in (0.0, 0.1):
+        torch.testing.assert_close(token_loss(changed, target, smoothing)[0],
+                                   token_loss(logits, target, smoothing)[0])
+    # the sum of -log p(target) over the real tokens only
+    logp = torch.log_softmax(logits, -1)
+    real = target != PAD_ID
+    expected = -logp.gather(-1, target[..., None])[..., 0][real].sum()
+    torch.testing.assert_close(loss, expected)
+
+
+def test_label_smoothing_raises_the_loss_of_a_confident_correct_prediction():
+    target = torch.tensor([[5, 7, 4]])
+    logits = torch.full((1, 3, TGT_VOCAB), -10.0)
+    logits[0, torch.arange(3), target[0]] = 10.0
+    plain, _ = token_loss(logits, target, 0.0)
+    smoothed, _ = token_loss(logits, target, 0.1)
+    assert plain < 1e-3
+    assert smoothed > plain + 0.1
+
+
+# ---------------------------------------------------------------------------------------- configs
+
+
+def test_misspelt_model_key_fails_with_its_name():
+    with pytest.raises(ConfigError, match="hiden_size"):
+        build_model_config(OmegaConf.create({"hiden_size": 3}), OmegaConf.create({"name": "luong"}))
+
+
+def test_unknown_attention_name_or_option_in_config_fails():
+    with pytest.raises(ConfigError, match="sparsemax"):
+        build_model_config(OmegaConf.create({}), OmegaConf.create({"name": "sparsemax"}))
+    config = build_model_config(OmegaConf.create({"hidden_size": 12}),
+                                OmegaConf.create({"name": "luong", "scroe": "dot"}))
+    with pytest.raises(ValueError, match="scroe"):
+        Seq2Seq(config, SRC_VOCAB, TGT_VOCAB)
+
+
+def compose_train(overrides: list[str], config_dir: str = CONFIG_DIR, hydra_config: bool = False):
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return compose("train", overrides=overrides, return_hydra_config=hydra_config)
+
+
+SMALL_MODEL = ["model.embed_size=16", "model.encoder_hidden_size=16", "model.hidden_size=32"]
+
+
+def forward_backward(model: Seq2Seq, src, lengths, tgt_in, tgt_out) -> float:
+    model.zero_grad(set_to_none=True)
+    logits, weights = model(src, lengths, tgt_in)
+    assert logits.shape == (*tgt_in.shape, model.tgt_vocab) and weights.shape == (*tgt_in.shape, src.size(1))
+    loss, n = token_loss(logits, tgt_out)
+    (loss / n).backward()
+    assert torch.isfinite(loss)
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    return float(loss.detach()) / n
+
+
+@pytest.mark.parametrize("attention", ATTENTION_FILES)
+def test_every_attention_config_builds_a_working_model(attention):
+    cfg = compose_train([f"attention={attention}", *SMALL_MODEL])
+    assert cfg.attention.name == attention
+    model = Seq2Seq(build_model_config(cfg.model, cfg.attention), SRC_VOCAB, TGT_VOCAB)
+    assert model.attention.__class__ is ATTENTIONS[attention]
+    forward_backward(model, *make_batch([4, 7, 2], [3, 2, 5]))
+
+
+def sweep_overrides(cfg) -> list[list[str]]:
+    """Override lists covering every value of every swept parameter of a multirun config (each value once)."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    choices = []
+    parser = OverridesParser.create()
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [str(value)]
+        choices.append([f"{key}={v}" for v in values])
+    if not choices:
+        return []
+    longest = max(len(c) for c in choices)
+    return [[c[min(i, len(c) - 1)] for c in choices] for i in range(longest)]
+
+
+def check_composed(cfg) -> None:
+    """Every section of a composed training config feeds its typed value, and the model can be built."""
+    typed(TrainerConfig, cfg.trainer, "trainer")
+    typed(OptimConfig, cfg.optim, "optim")
+    typed(TokenizerSettings, cfg.tokenizer, "tokenizer")
+    assert cfg.data.name
+    model_config = build_model_config(cfg.model, cfg.attention)
+    Seq2Seq(model_config, SRC_VOCAB, TGT_VOCAB)
+
+
+def check_experiment(name: str, config_dir: str = CONFIG_DIR) -> int:
+    """Compose experiment `name` (and each value of its sweep, if it is a multirun); returns how many."""
+    cfg = compose_train([f"experiment={name}"], config_dir, hydra_config=True)
+    check_composed(cfg)
+    sweeps = sweep_overrides(cfg)
+    for overrides in sweeps:
+        check_composed(compose_train([f"experiment={name}", *overrides], config_dir))
+    return 1 + len(sweeps)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENT_FILES)
+def test_every_experiment_composes(experiment):
+    check_experiment(experiment)
+
+
+def test_multirun_experiments_compose(tmp_path):
+    """An experiment that turns itself into a multirun (hydra.mode, hydra.sweeper.params) still composes."""
+    config_dir = tmp_path / "configs"
+    shutil.copytree(CONFIG_DIR, config_dir)
+    (config_dir / "experiment" / "sweep_demo.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /data: synthetic\n  - override /model: small\n"
+        "hydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n"
+        "      attention: none,bahdanau,luong\n      model.hidden_size: 32,64\n"
+    )
+    assert check_experiment("sweep_demo", str(config_dir)) == 1 + 3
+    cfg = compose_train(["experiment=sweep_demo", "attention=bahdanau"], str(config_dir))
+    assert cfg.attention.name == "bahdanau" and cfg.data.name == "synthetic"
+
+
+# ------------------------------------------------------------------------------ the real thing (slow)
+
+
+@pytest.fixture(scope="module")
+def bible_data_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("bible-data"))
+
+
+@pytest.fixture(scope="module")
+def bible(bible_data_dir):
+    """The default corpus, prepared once per module (training sentencepiece takes a while)."""
+    cfg = compose_train([f"paths.data_dir={bible_data_dir}", "tokenizer.vocab_size=2000"])
+    return load_data(cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ATTENTION_FILES)
+def test_real_config_real_batches(attention, bible, bible_data_dir):
+    overrides = [f"attention={attention}", f"paths.data_dir={bible_data_dir}", "tokenizer.vocab_size=2000",
+                 "model.embed_size=32", "model.encoder_hidden_size=32", "model.hidden_size=64"]
+    cfg = compose_train(overrides)
+    data = bible
+    model = Seq2Seq(build_model_config(cfg.model, cfg.attention), data.tokenizer.src_vocab_size,
+                    data.tokenizer.tgt_vocab_size)
+    assert model.attention.__class__ is ATTENTIONS[attention]
+    train = data.encoded["train"]
+    g = torch.Generator().manual_seed(1)
+    indices = torch.randperm(len(train), generator=g)[:16].tolist()
+    batches = [collate(train, indices[:8]), collate(train, indices[8:])]
+    assert all((b.src_lengths < b.src.size(1)).any() for b in batches), "the batches should hold padding"
+    first = batches[0]
+
+    def eval_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            logits, _ = model(first.src, first.src_lengths, first.tgt_in)
+        return float(token_loss(logits, first.tgt_out)[0]) / first.n_tokens
+
+    before = eval_loss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    for b in batches:
+        forward_backward(model, b.src, b.src_lengths, b.tgt_in, b.tgt_out)
+    for _ in range(3):  # a few steps on the first batch lower its loss
+        forward_backward(model, first.src, first.src_lengths, first.tgt_in, first.tgt_out)
+        optimizer.step()
+    assert eval_loss() < before
