@@ -104,7 +104,7 @@ def corpus_key(corpus: Corpus, settings: TokenizerSettings, max_length: int) -> 
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")  # per process: parallel jobs may fill one cache
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
@@ -146,7 +146,7 @@ def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_d
     bar.close()
     _write_atomic(spm_src, tokenizer.src_model)
     _write_atomic(spm_tgt, tokenizer.tgt_model)
-    tmp = enc_path.with_suffix(".tmp")
+    tmp = enc_path.with_name(f".{enc_path.name}.tmp{os.getpid()}")
     torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
     os.replace(tmp, enc_path)
     return PreparedData(corpus, tokenizer, encoded, kept, dropped, cache_dir)
@@ -176,6 +176,11 @@ class Batch:
     tgt_out: torch.Tensor  # (B, T) target + EOS
     indices: torch.Tensor  # (B,) positions in the split
     n_tokens: int  # real target tokens (EOS included): the loss is normalised by this
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked memory, so `.to(cuda, non_blocking=True)` copies asynchronously."""
+        pinned = [t.pin_memory() for t in (self.src, self.tgt_in, self.tgt_out)]
+        return Batch(pinned[0], self.src_lengths, pinned[1], pinned[2], self.indices, self.n_tokens)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(

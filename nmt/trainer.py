@@ -161,10 +161,16 @@ class Trainer:
         }
 
     def save(self, name: str) -> Path | None:
+        """Write checkpoints/<name> from rank 0; under DDP every rank calls this (it gathers RNG states)."""
+        state = self.state()
+        if self.world_size > 1:  # each rank drew its own dropout masks: keep every rank's generator
+            ranks: list = [None] * self.world_size
+            dist.all_gather_object(ranks, state["rng"])
+            state["rng_ranks"] = ranks
         if not self.is_main:
             return None
         path = self.ckpt_dir / name
-        save_checkpoint(path, self.state())
+        save_checkpoint(path, state)
         return path
 
     def restore(self, path: str | Path) -> None:
@@ -179,10 +185,12 @@ class Trainer:
         self.elapsed, self.best = data["elapsed"], data["best"]
         self.bad_validations, self.history = data["bad_validations"], data["history"]
         self.window.update(data["window"])
-        torch.set_rng_state(data["rng"]["torch"])
-        random.setstate(data["rng"]["python"])
-        if "cuda" in data["rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(data["rng"]["cuda"])
+        ranks = data.get("rng_ranks") or [data["rng"]]
+        rng = ranks[self.rank] if len(ranks) == self.world_size else data["rng"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_pos)
 
     # ------------------------------------------------------------------------------------------ loop
@@ -243,7 +251,7 @@ class Trainer:
                 while self.batch_pos < len(groups):
                     if c.max_steps is not None and self.step >= c.max_steps:
                         raise Stop("max_steps")
-                    if not self._budget_left(started):
+                    if self._any_rank(not self._budget_left(started)):
                         raise Stop("max_minutes")
                     loss_sum, n_tok, n_sent = self._train_step(groups[self.batch_pos])
                     self.batch_pos += 1
@@ -258,10 +266,9 @@ class Trainer:
                     if self.step % c.valid_every == 0 and loss_sum is not None:
                         self.elapsed += time.time() - started
                         started = time.time()
-                        if self._validate():
+                        if self._validate():  # its time counts in the budget with the next update
                             raise Stop("early_stopping")
-                        started = time.time()
-                    if self._interrupted:
+                    if self._any_rank(self._interrupted):
                         raise Stop("interrupted")
                 self.epoch += 1
                 self.batch_pos = 0
@@ -274,6 +281,14 @@ class Trainer:
             self.elapsed += time.time() - started
             bar.close()
         return reason
+
+    def _any_rank(self, flag: bool) -> bool:
+        """`flag` on any rank. Under DDP all ranks call this at the same point: they stop at the same step."""
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t)
+        return bool(t.item())
 
     def _groups(self, epoch: int) -> list[list[list[int]]]:
         """This rank's batches of `epoch`, grouped `accumulate` at a time, with each group's global target tokens."""
@@ -292,7 +307,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_total, n_tok, n_sent = torch.zeros((), device=self.device), 0, 0
         for batch_idx in group:
-            batch = collate(self.train_split, batch_idx).to(self.device, non_blocking=True)
+            batch = collate(self.train_split, batch_idx)
+            if self.device.type == "cuda":
+                batch = batch.pin_memory()
+            batch = batch.to(self.device, non_blocking=True)
             with self.autocast():
                 logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
             loss_sum, n = token_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
@@ -340,6 +358,10 @@ class Trainer:
         metrics = evaluate_split(self.module, self.data, "valid", self.device, self.cfg.valid_batch_tokens,
                                  self.cfg.length_buckets, self.cfg.valid_max_sentences, self.autocast,
                                  heatmaps=self.cfg.heatmaps if self.writer else 0)
+        if self.world_size > 1:  # GPU kernels need not agree to the last bit: rank 0's numbers decide for all
+            shared = [{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf", "by_length")}]
+            dist.broadcast_object_list(shared, src=0)
+            metrics.update(shared[0])
         metric = metrics[self.cfg.best_metric]
         lower_better = self.cfg.best_metric in ("loss", "ppl")
         improved = not self.best or (metric < self.best["value"] if lower_better else metric > self.best["value"])
@@ -358,9 +380,9 @@ class Trainer:
             self.bad_validations += 1
         if self.is_main:
             self._report_validation(entry, metrics)
-            self.save("last.pt")
-            if improved:
-                self.save("best.pt")
+        self.save("last.pt")
+        if improved:
+            self.save("best.pt")
         return bool(self.cfg.patience) and self.bad_validations >= self.cfg.patience
 
     def _report_validation(self, entry: dict, metrics: dict) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 from pathlib import Path
 
 import hydra
@@ -55,6 +56,24 @@ def init_distributed(device: str) -> tuple[int, int, int]:
     return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def shared_run_dir(run_dir: Path, rank: int, world: int) -> Path:
+    """Rank 0's run directory, on every rank: each process resolves `${now:...}` itself, maybe a second apart.
+
+    A different directory Hydra made for another rank (holding only .hydra/ and its log) is removed.
+    """
+    if world <= 1:
+        return run_dir
+    import torch.distributed as dist
+
+    shared = [str(run_dir)]
+    dist.broadcast_object_list(shared, src=0)
+    main_dir = Path(shared[0])
+    if rank != 0 and main_dir.resolve() != run_dir.resolve():
+        if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {".hydra", "train.log"}:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return main_dir
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     import torch
 
@@ -69,6 +88,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if device == "cuda" and world > 1:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(local_rank)
+    run_dir = shared_run_dir(run_dir, rank, world)
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     if tcfg.threads:
