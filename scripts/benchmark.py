@@ -1,0 +1,596 @@
+"""python scripts/benchmark.py [--peer opennmt|joeynmt] [--train-seconds 720] [--out FILE] [KEY=VALUE ...]
+
+Speed, memory and quality of the `multi30k_deen` preset on this machine, optionally side by side with a
+peer toolkit trained by the recipes in ../shared/peers on the same data, budget and thread count:
+
+    python scripts/benchmark.py                                  # ours only: 12 min training, then decoding
+    python scripts/benchmark.py --peer opennmt --peer joeynmt    # then each peer's recipe, and ratios
+    python scripts/benchmark.py --skip-train run/checkpoints/last.pt     # decoding only
+    python scripts/benchmark.py --tiny --out /tmp/b.json         # a few seconds on a synthetic task (tests)
+    python scripts/benchmark.py trainer.batch_tokens=3000 --override model.dropout=0.2
+
+What it measures, in order:
+  1. the machine's fp32 matmul rate: a 512^3 torch.mm for --matmul-seconds at --threads threads;
+  2. training (in this process, nmt.trainer.Trainer) for --train-seconds of wall clock, validations included
+     in the budget as in the peers' TRAIN_SECONDS (data preparation and start-up are outside it and reported
+     apart); validation runs only at the end unless trainer.valid_every is overridden. Sentences/s and target
+     tokens/s divide by the training time with every validation taken out; the padding overhead is padded /
+     real tokens over epoch 0's batches; the peak memory is this whole process's ru_maxrss right after
+     training (data preparation included);
+  3. model FLOPs per training sentence, counted from the model config and the training set's mean lengths
+     (see `forward_flops`), and the fraction of the measured matmul rate that training achieves;
+  4. decoding of the test split (Multi30k: test_2016_flickr, 1,000 sentences) greedy and beam 5 with the
+     last checkpoint: decode-only seconds (Translator.translate in this process) and whole-process seconds
+     (`nmt-translate CKPT --beam N < test.src > hyp` timed end to end), with sacreBLEU on detokenized text;
+  5. each --peer: `bash <peer-dir>/<peer>.sh` with WORK=<work>/peer, DATA, TRAIN_SECONDS and THREADS, then
+     its summary JSON. A failing peer prints its log tail; our figures are still written. The first run in a
+     --work folder pip-installs the peer into <work>/peer (network needed); pass the same --work to reuse it.
+
+The table (markdown) goes to stdout and every raw number to --out (JSON): command, date, args, overrides,
+machine, device, matmul, train (null with --skip-train), decode (greedy, beam5), model, flops, figures
+(the table's row values, ours), peers (<name>: ok, summary, figures or error and log_tail), floors.
+Performance is only reported, never asserted: the issue's floors are listed with the figures they compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import random
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+from nmt.cli.common import (
+    CONFIG_DIR,
+    build_corpus,
+    build_model_config,
+    load_data,
+    plain,
+    resolve_device,
+    typed,
+)
+from nmt.data import PreparedData, padding_overhead
+from nmt.metrics import corpus_scores
+from nmt.model import ModelConfig, Seq2Seq
+from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+from nmt.translator import Translator
+
+log = logging.getLogger("benchmark")
+
+PRESET = "multi30k_deen"
+TEST_SPLIT = "test"  # Multi30k: test_2016_flickr
+BEAMS = {"greedy": 1, "beam5": 5}
+PEERS = {"opennmt": ("opennmt.sh", "onmt_summary.json"), "joeynmt": ("joeynmt.sh", "joey_summary.json")}
+NO_VALIDATION = 1_000_000  # trainer.valid_every: validate only once, at the end
+# A few seconds on the synthetic task, for the test suite.
+TINY_OVERRIDES = ["data=synthetic", "data.train_size=400", "data.valid_size=20", "data.test_size=20",
+                  "data.max_len=8", "data.test_max_len=10", "data.vocab_words=30", "tokenizer.vocab_size=100",
+                  "model.embed_size=32", "model.encoder_hidden_size=32", "model.hidden_size=64",
+                  "trainer.batch_tokens=300"]
+# OpenNMT-py 3.5.1 in ../shared/peers/README.md (another session, same kind of machine): used for the
+# floors only when no OpenNMT-py run was made in this invocation.
+OPENNMT_README = {"sentences_per_s": 145.7, "decode_s_beam5": 10.0, "peak_train_gib": 3.7}
+
+
+# ------------------------------------------------------------------------------------------ arguments
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of the train config")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Hydra override (repeatable); applied before the trailing ones")
+    p.add_argument("--data", default="../shared/data/multi30k", help="folder of the Multi30k .gz files")
+    p.add_argument("--train-seconds", type=float, default=None,
+                   help="training wall-clock budget, validations included (default 720; --tiny: 3)")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads for everything, peers included")
+    p.add_argument("--matmul-seconds", type=float, default=None,
+                   help="length of the matmul measurement (default 3; --tiny: 0.5)")
+    p.add_argument("--out", default="benchmark.json", help="the JSON report")
+    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
+                   help="also run this peer's recipe (repeatable)")
+    p.add_argument("--peer-dir", default="../shared/peers", help="folder of the peer scripts")
+    p.add_argument("--work", default=None, help="scratch folder (default: a new temporary folder)")
+    p.add_argument("--skip-train", metavar="CHECKPOINT", default=None,
+                   help="do not train; decode this checkpoint")
+    p.add_argument("--tiny", action="store_true",
+                   help="a synthetic task and a tiny model: seconds, for tests")
+    args = p.parse_intermixed_args(argv)
+    if args.train_seconds is None:
+        args.train_seconds = 3.0 if args.tiny else 720.0
+    if args.matmul_seconds is None:
+        args.matmul_seconds = 0.5 if args.tiny else 3.0
+    if args.threads < 1 or args.train_seconds <= 0 or args.matmul_seconds <= 0:
+        p.error("--threads, --train-seconds and --matmul-seconds must be positive")
+    return args
+
+
+def compose_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, list[str]]:
+    """The train config of the preset with the benchmark's settings, then the user's overrides."""
+    overrides = [f"experiment={PRESET}"]
+    if args.tiny:
+        overrides += [*TINY_OVERRIDES, f"paths.data_dir={work / 'data'}"]
+    else:
+        overrides.append(f"data.root={Path(args.data).resolve()}")
+    overrides += [f"trainer.max_minutes={args.train_seconds / 60}", f"trainer.valid_every={NO_VALIDATION}",
+                  f"trainer.threads={args.threads}", "trainer.progress=false", "trainer.heatmaps=0",
+                  *args.override, *args.overrides]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("train", overrides=overrides), overrides
+
+
+# -------------------------------------------------------------------------------------------- machine
+def machine_info(threads: int) -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or "unknown"
+    return {"cpu_model": cpu, "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+            "threads": threads, "torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+def max_rss_gib(who: int = resource.RUSAGE_SELF) -> float:
+    """Peak resident set size in GiB (Linux reports ru_maxrss in KiB); RUSAGE_CHILDREN: the largest child."""
+    return resource.getrusage(who).ru_maxrss / 1024**2
+
+
+def matmul_rate(threads: int, seconds: float, n: int = 512) -> dict:
+    """Sustained fp32 GFLOP/s of an n x n x n torch.mm (2 n^3 FLOPs per call) at `threads` threads."""
+    torch.set_num_threads(threads)
+    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    for _ in range(10):
+        torch.mm(a, b, out=out)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            torch.mm(a, b, out=out)
+        calls += 10
+    elapsed = time.perf_counter() - start
+    return {"n": n, "threads": threads, "calls": calls, "seconds": round(elapsed, 3),
+            "gflops": round(2 * n**3 * calls / elapsed / 1e9, 1)}
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+def lstm_flops(input_size: int, hidden: int) -> int:
+    """One LSTM step of one direction: 4 gates x (W_ih x + W_hh h), 2 FLOPs per multiply-add."""
+    return 8 * hidden * (input_size + hidden)
+
+
+def attention_flops(cfg: ModelConfig, D: int) -> tuple[int, int, int]:
+    """(once per source position, once per decoder step, per decoder step and source position) FLOPs.
+
+    Q = decoder hidden size (the query), D = encoder state size, A = additive attention size.
+    """
+    Q, opts = cfg.hidden_size, cfg.attention_options
+    A = opts.get("hidden_size") or Q
+    score = opts.get("score", "general")
+    table = {
+        "none": (0, 0, 0),
+        "bahdanau": (2 * D * A, 2 * Q * A, 2 * A + 2 * D),  # W_h h; W_s s; v^T tanh(.) and the context
+        "multihead": (4 * D * Q, 2 * Q * Q + 2 * Q * D, 4 * Q),  # K, V; W_Q, W_O; scores and weighted sum
+        "local": (2 * D * Q, 2 * Q * Q + 2 * Q, 2 * Q + 2 * D),  # W h; position MLP; scores and context
+    }
+    if cfg.attention == "luong":
+        return {"general": (2 * D * Q, 0, 2 * Q + 2 * D), "dot": (0, 0, 4 * D),
+                "concat": (2 * D * Q, 2 * Q * Q, 2 * Q + 2 * D)}[score]
+    return table[cfg.attention]
+
+
+def forward_flops(cfg: ModelConfig, tgt_vocab: int, S, T):
+    """Matmul FLOPs of one teacher-forced forward pass over a sentence pair of S source and T target pieces
+    (EOS included; S and T may be tensors, the formula is applied elementwise). A multiply-add is 2 FLOPs.
+
+        encoder    S x dirs x 8 He (in + He) per layer             (in = E, then D = dirs x He)
+        attention  S x P  +  T x (R + S x C)                        (P, R, C from `attention_flops`;
+                   bahdanau: P = 2 D A, R = 2 H A, C = 2 A + 2 D)
+        bridge     2 x 2 D H per decoder layer                      (h and c, once per sentence)
+        decoder    T x [8 H (E + H [feed] + D [query=previous] + H) + 8 H (2 H) per extra layer
+                        + 2 (D + H) H  (combine W_c)  + 2 H V  (output layer)]
+
+    Training is counted as 3 x forward (backward ~ 2 x forward). Embedding lookups, element-wise
+    gates, softmax and the loss are left out: they are not matmuls.
+    """
+    E, He, H = cfg.embed_size, cfg.encoder_hidden_size, cfg.hidden_size
+    dirs = 2 if cfg.bidirectional else 1
+    D = dirs * He
+    encoder = sum(dirs * lstm_flops(E if layer == 0 else D, He) for layer in range(cfg.encoder_layers))
+    per_src, per_step, per_pair = attention_flops(cfg, D)
+    first_input = E + (H if cfg.input_feeding else 0) + (D if cfg.attention_query == "previous" else 0)
+    decoder = lstm_flops(first_input, H) + (cfg.decoder_layers - 1) * lstm_flops(H, H)
+    decoder += per_step + 2 * (D + H) * H + 2 * H * tgt_vocab
+    bridge = 2 * 2 * D * H * cfg.decoder_layers if cfg.bridge == "bridge" else 0
+    return S * (encoder + per_src) + bridge + T * decoder + S * T * per_pair
+
+
+def flops_report(cfg: ModelConfig, tgt_vocab: int, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor,
+                 sentences_per_s: float | None, matmul_gflops: float) -> dict:
+    """FLOPs per training sentence averaged over the training set; the achieved share of the matmul rate."""
+    forward = float(forward_flops(cfg, tgt_vocab, src_lengths.double(), tgt_lengths.double()).mean())
+    train = 3 * forward
+    achieved = train * sentences_per_s / 1e9 if sentences_per_s else None
+    return {"mean_src_pieces": round(float(src_lengths.double().mean()), 3),
+            "mean_tgt_pieces": round(float(tgt_lengths.double().mean()), 3),
+            "forward_gflop_per_sentence": round(forward / 1e9, 4),
+            "train_gflop_per_sentence": round(train / 1e9, 4),
+            "achieved_gflops": round(achieved, 2) if achieved else None,
+            "fraction_of_matmul": round(achieved / matmul_gflops, 4) if achieved else None,
+            "sentences_per_s_at_matmul_rate": round(matmul_gflops * 1e9 / train, 1)}
+
+
+# ------------------------------------------------------------------------------------------- training
+class MeteredTrainer(Trainer):
+    """The Trainer, timing its steps and validations apart and counting what it trained on.
+
+    Trainer.elapsed (the budget's clock) leaves validations out; here they count toward trainer.max_minutes,
+    so the budget is the training wall clock with validations included, as the peers' TRAIN_SECONDS is.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_seconds = self.valid_seconds = 0.0
+        self.validations = self.sentences = self.target_tokens = 0
+
+    def _train_step(self, group: list[list[int]]) -> tuple[float | None, int, int]:
+        start = time.perf_counter()
+        loss, tokens, sentences = super()._train_step(group)
+        self.step_seconds += time.perf_counter() - start
+        if loss is not None:
+            self.sentences += sentences
+            self.target_tokens += tokens
+        return loss, tokens, sentences
+
+    def _validate(self) -> bool:
+        start = time.perf_counter()
+        try:
+            return super()._validate()
+        finally:
+            self.valid_seconds += time.perf_counter() - start
+            self.validations += 1
+
+    def _budget_left(self, started: float) -> bool:
+        if self.cfg.max_minutes is None:
+            return True
+        return self.elapsed + self.valid_seconds + (time.time() - started) < self.cfg.max_minutes * 60
+
+
+def train(cfg: DictConfig, run_dir: Path, device: str) -> tuple[dict, Path, PreparedData]:
+    """Train the composed config in this process; (measurements, last checkpoint, prepared data)."""
+    tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
+    ocfg = typed(OptimConfig, cfg.optim, "optim")
+    mcfg = build_model_config(cfg.model, cfg.attention)
+    start = time.perf_counter()
+    data = load_data(cfg)
+    prep_seconds = time.perf_counter() - start
+    rss_after_prep = max_rss_gib()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
+    trainer = MeteredTrainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg))
+    real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
+    log.info("training %s parameters for %.0f s on %d thread(s)", f"{model.num_parameters():,}",
+             60 * (tcfg.max_minutes or 0), torch.get_num_threads())
+    start = time.perf_counter()
+    summary = trainer.train()
+    total_seconds = time.perf_counter() - start
+    train_seconds = trainer.elapsed  # the loop's wall clock with validations taken out
+    steps_per_epoch = max(math.ceil(len(trainer.sampler) / tcfg.accumulate), 1)
+    result = {
+        "budget_seconds": round(60 * tcfg.max_minutes, 1) if tcfg.max_minutes else None,
+        "data_prep_seconds": round(prep_seconds, 2),
+        "total_seconds": round(total_seconds, 2),  # train() end to end, the final validation included
+        "train_seconds": round(train_seconds, 2),
+        "step_seconds": round(trainer.step_seconds, 2),  # inside the optimizer steps only
+        "valid_seconds": round(trainer.valid_seconds, 2),
+        "validations": trainer.validations,
+        "steps": summary["step"], "epochs": round(trainer.epoch + trainer.batch_pos / steps_per_epoch, 3),
+        "stopped_by": summary["stopped_by"],
+        "sentences": trainer.sentences, "target_tokens": trainer.target_tokens,
+        "sentences_per_s": round(trainer.sentences / train_seconds, 2),
+        "target_tokens_per_s": round(trainer.target_tokens / train_seconds, 1),
+        "sentences_per_s_steps_only": round(trainer.sentences / max(trainer.step_seconds, 1e-9), 2),
+        "real_tokens_epoch0": real, "padded_tokens_epoch0": padded,
+        "padding_overhead": round(padded / max(real, 1), 4),
+        "peak_rss_gib": round(max_rss_gib(), 3),  # the whole process so far, data preparation included
+        "rss_after_data_prep_gib": round(rss_after_prep, 3),
+        "valid_bleu": (summary.get("final") or {}).get("bleu"),
+        "checkpoint": summary["last_checkpoint"],
+    }
+    return result, Path(summary["last_checkpoint"]), data
+
+
+# ------------------------------------------------------------------------------------------- decoding
+def translate_command() -> list[str]:
+    script = Path(sys.executable).parent / "nmt-translate"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "nmt.cli.translate"]
+
+
+def decode(checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, threads: int,
+           work: Path) -> dict:
+    """Decode-only time in this process and whole-process time of nmt-translate, with BLEU of both outputs."""
+    translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam, length_penalty=1.0)
+    start = time.perf_counter()
+    results = translator.translate(sources)
+    decode_seconds = time.perf_counter() - start
+    hyps = [r[0].text for r in results]
+    (work / f"test_b{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+
+    src_file, out_file = work / "test.src", work / f"test_b{beam}.process.hyp"
+    src_file.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    cmd = [*translate_command(), str(checkpoint), "--beam", str(beam), "--batch-size", str(len(sources)),
+           "--device", device]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    start = time.perf_counter()
+    with open(src_file, "rb") as fin, open(out_file, "wb") as fout:
+        proc = subprocess.run(cmd, stdin=fin, stdout=fout, stderr=subprocess.PIPE, env=env)
+    process_seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    process_hyps = out_file.read_text(encoding="utf-8").splitlines()
+    scores = corpus_scores(hyps, references, ter=False)
+    return {"beam": beam, "sentences": len(sources), "decode_seconds": round(decode_seconds, 3),
+            "sentences_per_s": round(len(sources) / decode_seconds, 2),
+            "process_seconds": round(process_seconds, 3), "process_command": shlex.join(cmd),
+            "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["signatures"]["bleu"],
+            "process_bleu": corpus_scores(process_hyps, references, ter=False)["bleu"],
+            "process_output_matches": process_hyps == hyps}
+
+
+# ----------------------------------------------------------------------------------------------- peers
+def gnu_time_seconds(text: str) -> float | None:
+    """GNU time's elapsed wall clock, "[h:]mm:ss.ss", in seconds (None if unreadable)."""
+    seconds = 0.0
+    for part in text.split(":"):
+        value = _number(part)
+        if value is None:
+            return None
+        seconds = 60 * seconds + value
+    return seconds
+
+
+def peer_figures(name: str, summary: dict) -> dict:
+    """The table's figures from a peer's summary JSON (the keys onmt_summary.py / joey_summary.py write)."""
+    if name == "opennmt":
+        params, tokens = summary.get("params"), summary.get("tgt_tok_per_s_overall")
+        decode_key = "total_translation_secs"
+    else:
+        params = summary.get("params_ckpt") or summary.get("params_logged")
+        tokens, decode_key = summary.get("trg_tok_per_s_overall"), "generation_secs"
+    rss = (summary.get("train_maxrss_mb_wall") or [None])[0]  # MiB (GNU time's KiB / 1024)
+    out = {"parameters": params, "sentences_per_s": summary.get("sent_per_s_overall"),
+           "target_tokens_per_s": tokens, "peak_train_gib": round(rss / 1024, 3) if rss else None}
+    for label, beam in BEAMS.items():
+        d = summary.get(f"decode_b{beam}") or {}
+        times = d.get(decode_key) or []
+        wall = (d.get("maxrss_mb_wall") or [None, None])[1]
+        out[f"bleu_{label}"] = _number(d.get("bleu"))
+        out[f"decode_s_{label}"] = sum(float(t) for t in times) if times else None
+        out[f"process_s_{label}"] = gnu_time_seconds(wall) if isinstance(wall, str) else None
+    return out
+
+
+def _number(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def run_peer(name: str, peer_dir: Path, work: Path, data: Path, train_seconds: float, threads: int) -> dict:
+    """Run <peer_dir>/<name>.sh; its summary and figures, or the failure and its log tail."""
+    script, summary_name = PEERS[name]
+    work.mkdir(parents=True, exist_ok=True)
+    log_path = work / f"{name}_run.log"
+    env = {**os.environ, "WORK": str(work), "DATA": str(data), "THREADS": str(threads),
+           "TRAIN_SECONDS": str(int(round(train_seconds)))}
+    cmd = ["bash", str(peer_dir / script)]
+    log.info("running %s (log: %s)", shlex.join(cmd), log_path)
+    start = time.perf_counter()
+    with open(log_path, "wb") as out:
+        returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    result = {"command": shlex.join(cmd), "returncode": returncode, "log": str(log_path), "ok": False,
+              "seconds": round(time.perf_counter() - start, 1)}
+    try:
+        summary = json.loads((work / summary_name).read_text())
+        if returncode != 0:
+            raise ValueError(f"exit status {returncode}")
+        result.update(ok=True, summary=summary, figures=peer_figures(name, summary))
+    except (OSError, ValueError) as e:
+        tail = log_path.read_text(errors="replace").splitlines()[-40:]
+        result.update(error=str(e), log_tail=tail)
+        print(f"peer {name} failed ({e}); last lines of {log_path}:", *tail, sep="\n", file=sys.stderr)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- report
+def our_figures(report: dict) -> dict:
+    train, dec = report.get("train") or {}, report["decode"]
+    out = {"parameters": report["model"]["parameters"], "sentences_per_s": train.get("sentences_per_s"),
+           "target_tokens_per_s": train.get("target_tokens_per_s"),
+           "peak_train_gib": train.get("peak_rss_gib")}
+    for label in BEAMS:
+        out.update({f"bleu_{label}": dec[label]["bleu"], f"decode_s_{label}": dec[label]["decode_seconds"],
+                    f"process_s_{label}": dec[label]["process_seconds"]})
+    return out
+
+
+def floors(report: dict) -> list[dict]:
+    """The issue's floors with the figures they compare (reported, never asserted)."""
+    ours = report["figures"]
+    peer = (report["peers"].get("opennmt") or {}).get("figures")
+    ref = peer or OPENNMT_README
+    basis = "OpenNMT-py, this run" if peer else "OpenNMT-py, peers README"
+
+    def row(name: str, value, target, higher_is_better: bool, note: str) -> dict:
+        met = None
+        if value is not None and target is not None:
+            met = value >= target if higher_is_better else value <= target
+        return {"floor": name, "ours": value, "target": target, "met": met, "basis": note}
+
+    sps = ref.get("sentences_per_s")
+    return [
+        row("training sentences/s >= 1.5 x OpenNMT-py", ours["sentences_per_s"], sps and round(1.5 * sps, 2),
+            True, basis),
+        row("test BLEU beam 5 >= 35 after 720 s", ours["bleu_beam5"], 35.0, True,
+            f"budget {report['args']['train_seconds']:.0f} s"),
+        row("beam-5 decode seconds <= OpenNMT-py", ours["decode_s_beam5"], ref.get("decode_s_beam5"),
+            False, basis),
+        row("peak training memory (GiB) < OpenNMT-py", ours["peak_train_gib"], ref.get("peak_train_gib"),
+            False, basis),
+    ]
+
+
+def fmt(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    return format(value, spec)
+
+
+TABLE_ROWS: list[tuple[str, str, str]] = [  # (label, figure key, format)
+    ("parameters (M)", "parameters", ".2f"),
+    ("training sentences/s (validation excluded)", "sentences_per_s", ".1f"),
+    ("training target tokens/s", "target_tokens_per_s", ",.0f"),
+    ("peak training memory (GiB)", "peak_train_gib", ".2f"),
+    ("test BLEU greedy", "bleu_greedy", ".2f"),
+    ("test BLEU beam 5", "bleu_beam5", ".2f"),
+    ("decode greedy, decode only (s)", "decode_s_greedy", ".2f"),
+    ("decode beam 5, decode only (s)", "decode_s_beam5", ".2f"),
+    ("decode greedy, whole process (s)", "process_s_greedy", ".2f"),
+    ("decode beam 5, whole process (s)", "process_s_beam5", ".2f"),
+]
+
+
+def format_table(report: dict) -> str:
+    """Markdown: the side-by-side figures (ours, each peer, ours/peer), our own extras, then the floors."""
+    peers = {n: p["figures"] for n, p in report["peers"].items() if p.get("ok")}
+    scale: dict[str, Callable[[float], float]] = {"parameters": lambda v: v / 1e6}
+    head = ["metric", "ours"] + [c for n in peers for c in (n, f"ours/{n}")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, key, spec in TABLE_ROWS:
+        conv = scale.get(key, lambda v: v)
+        ours = report["figures"].get(key)
+        cells = [label, fmt(conv(ours) if ours is not None else None, spec)]
+        for figures in peers.values():
+            theirs = figures.get(key)
+            cells.append(fmt(conv(theirs) if theirs is not None else None, spec))
+            cells.append(fmt(ours / theirs if ours is not None and theirs else None, ".2f"))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    train, flops, mm = report.get("train") or {}, report["flops"], report["matmul"]
+    extras = [
+        ("training seconds (validation excluded) / validation seconds",
+         f"{fmt(train.get('train_seconds'), '.1f')} / {fmt(train.get('valid_seconds'), '.1f')}"),
+        ("padding overhead (padded / real tokens, epoch 0)", fmt(train.get("padding_overhead"), ".3f")),
+        ("model GFLOP per training sentence (3 x forward)", fmt(flops["train_gflop_per_sentence"], ".3f")),
+        ("achieved training GFLOP/s", fmt(flops["achieved_gflops"], ".1f")),
+        (f"torch.mm {mm['n']}^3 fp32 GFLOP/s, {mm['threads']} thread(s)", fmt(mm["gflops"], ".1f")),
+        ("achieved fraction of the matmul rate", fmt(flops["fraction_of_matmul"], ".3f")),
+        ("sentences/s at the matmul rate", fmt(flops["sentences_per_s_at_matmul_rate"], ".1f")),
+    ]
+    lines += ["", "| ours | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in extras]
+    lines += ["", "| floor (reported, not asserted) | ours | target | met | basis |", "|---|---|---|---|---|"]
+    for f in report["floors"]:
+        met = {True: "yes", False: "no", None: "-"}[f["met"]]
+        cells = [f["floor"], fmt(f["ours"], ".2f"), fmt(f["target"], ".2f"), met, f["basis"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def model_and_flops(checkpoint: Path, corpus, data: PreparedData | None, report: dict) -> tuple[dict, dict]:
+    """The checkpoint's model (size, config) and its FLOPs per training sentence.
+
+    The mean lengths come from the encoded training split when we trained, else from the corpus's training
+    sentences under the checkpoint's own tokenizer.
+    """
+    translator = Translator.from_checkpoint(checkpoint, "cpu")
+    model, tokenizer = translator.model, translator.tokenizer
+    if data is not None:
+        src_lengths, tgt_lengths = data.encoded["train"].src_lengths, data.encoded["train"].tgt_lengths
+    else:
+        pairs = corpus.splits["train"]
+        src_lengths = torch.tensor([len(x) for x in tokenizer.encode_src([s for s, _ in pairs])])
+        tgt_lengths = torch.tensor([len(x) for x in tokenizer.encode_tgt([t for _, t in pairs])])
+    info = {"parameters": model.num_parameters(), "src_vocab": model.src_vocab, "tgt_vocab": model.tgt_vocab,
+            "config": model.config.to_dict()}
+    sentences_per_s = (report["train"] or {}).get("sentences_per_s")
+    flops = flops_report(model.config, model.tgt_vocab, src_lengths, tgt_lengths, sentences_per_s,
+                         report["matmul"]["gflops"])
+    return info, flops
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    work = Path(args.work or tempfile.mkdtemp(prefix="nmt-benchmark-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    cfg, overrides = compose_config(args, work)
+    torch.set_num_threads(args.threads)
+    device = resolve_device(cfg.device)
+    report: dict = {
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "args": vars(args), "overrides": overrides, "work": str(work), "machine": machine_info(args.threads),
+        "device": device,
+    }
+    log.info("matmul rate: %.1f s of %d^3 torch.mm", args.matmul_seconds, 512)
+    report["matmul"] = matmul_rate(args.threads, args.matmul_seconds)
+
+    data = None
+    if args.skip_train:
+        checkpoint, report["train"] = Path(args.skip_train), None
+        corpus = build_corpus(cfg.data, cfg.paths.data_dir)
+    else:
+        report["train"], checkpoint, data = train(cfg, work / "run", device)
+        corpus = data.corpus
+    pairs = corpus.splits[TEST_SPLIT]
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    report["decode"] = {"split": TEST_SPLIT, "corpus": corpus.name, "checkpoint": str(checkpoint)}
+    for label, beam in BEAMS.items():
+        log.info("decoding %d %s sentences, beam %d", len(sources), TEST_SPLIT, beam)
+        report["decode"][label] = decode(checkpoint, sources, references, beam, device, args.threads, work)
+    report["decode_children_peak_rss_gib"] = round(max_rss_gib(resource.RUSAGE_CHILDREN), 3)
+
+    report["model"], report["flops"] = model_and_flops(checkpoint, corpus, data, report)
+    report["peak_rss_gib"] = round(max_rss_gib(), 3)
+    report["figures"] = our_figures(report)
+    report["peers"] = {}
+    report["floors"] = floors(report)
+    write_json(report, out)  # ours are safe even if a peer run hangs or is interrupted
+
+    for name in dict.fromkeys(args.peer):
+        report["peers"][name] = run_peer(name, Path(args.peer_dir).resolve(), work / "peer",
+                                         Path(args.data).resolve(), args.train_seconds, args.threads)
+    report["floors"] = floors(report)
+    write_json(report, out)
+    print(format_table(report))
+    print(f"\nJSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

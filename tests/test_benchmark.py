@@ -1,0 +1,151 @@
+"""scripts/benchmark.py runs on a tiny setting and writes valid JSON; speeds are never asserted.
+
+    /work/venv/bin/python -m pytest -q tests/test_benchmark.py
+
+The peers are stand-in scripts here (one writes a summary in the peers' format, one fails), so no peer
+toolkit is installed; the FLOPs formula and the peer summary parsing are checked as plain functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nmt.attention import ATTENTIONS
+from nmt.model import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "benchmark.py"
+
+FAKE_OPENNMT = """set -eu
+mkdir -p "$WORK"
+cat > "$WORK/onmt_summary.json" <<JSON
+{"params": 13060000, "sent_per_s_overall": 145.7, "tgt_tok_per_s_overall": 2280.0,
+ "train_maxrss_mb_wall": [3788.8, "12:03.51"],
+ "decode_b1": {"total_translation_secs": ["3.2"], "maxrss_mb_wall": [900.0, "0:08.10"], "bleu": "32.27"},
+ "decode_b5": {"total_translation_secs": ["10.0"], "maxrss_mb_wall": [950.0, "1:15.50"], "bleu": "33.01"},
+ "env": {"train_seconds": "$TRAIN_SECONDS", "threads": "$THREADS", "data": "$DATA"}}
+JSON
+echo "fake opennmt done"
+"""
+FAKE_JOEYNMT = """echo "joeynmt: something went wrong" >&2
+exit 3
+"""
+
+
+def load_benchmark():
+    spec = importlib.util.spec_from_file_location("benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_benchmark(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp / "b.json"
+    cmd = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--out", str(out),
+           "--work", str(tmp / "work"), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, dict]:
+    """One tiny benchmark with a stand-in OpenNMT-py that succeeds and a stand-in JoeyNMT that fails."""
+    tmp = tmp_path_factory.mktemp("benchmark")
+    peers = tmp / "peers"
+    peers.mkdir()
+    (peers / "opennmt.sh").write_text(FAKE_OPENNMT)
+    (peers / "joeynmt.sh").write_text(FAKE_JOEYNMT)
+    proc, report = run_benchmark(tmp, "--peer", "opennmt", "--peer", "joeynmt", "--peer-dir", str(peers))
+    return tmp, proc, report
+
+
+def positive(section: dict, *keys: str) -> None:
+    for key in keys:
+        assert isinstance(section[key], (int, float)) and section[key] > 0, (key, section[key])
+
+
+def test_tiny_run_writes_the_expected_json(tiny):
+    _, _, report = tiny
+    for key in ("command", "date", "args", "overrides", "machine", "matmul", "train", "decode", "model",
+                "flops", "figures", "peers", "floors", "peak_rss_gib"):
+        assert key in report, key
+    assert "benchmark.py --tiny" in report["command"]
+    machine = report["machine"]
+    assert machine["threads"] == 1 and machine["cores"] >= 1 and machine["cpu_model"] and machine["torch"]
+    positive(report["matmul"], "gflops", "calls", "seconds")
+    positive(report["train"], "sentences_per_s", "target_tokens_per_s", "train_seconds", "steps", "sentences",
+             "target_tokens", "peak_rss_gib", "padding_overhead")
+    assert report["train"]["padding_overhead"] >= 1
+    assert Path(report["train"]["checkpoint"]).is_file()
+    for label, beam in (("greedy", 1), ("beam5", 5)):
+        dec = report["decode"][label]
+        assert dec["beam"] == beam and dec["sentences"] == 20
+        positive(dec, "decode_seconds", "process_seconds", "sentences_per_s")
+        assert 0 <= dec["bleu"] <= 100 and dec["process_output_matches"] is True
+    positive(report["flops"], "train_gflop_per_sentence", "achieved_gflops", "fraction_of_matmul",
+             "mean_src_pieces", "mean_tgt_pieces")
+    positive(report["model"], "parameters")
+    assert len(report["floors"]) == 4
+
+
+def test_peers_side_by_side_and_a_failing_peer(tiny):
+    _, proc, report = tiny
+    onmt = report["peers"]["opennmt"]
+    data = str((ROOT / "../shared/data/multi30k").resolve())
+    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data}
+    assert onmt["figures"]["process_s_beam5"] == pytest.approx(75.5)
+    assert onmt["figures"]["peak_train_gib"] == pytest.approx(3.7)
+    joey = report["peers"]["joeynmt"]
+    assert not joey["ok"] and joey["returncode"] == 3
+    assert any("something went wrong" in line for line in joey["log_tail"])
+    assert "something went wrong" in proc.stderr  # the failing peer's log tail is shown
+    assert "| metric | ours | opennmt | ours/opennmt |" in proc.stdout  # the failed peer gets no column
+    assert report["floors"][0]["basis"] == "OpenNMT-py, this run"
+
+
+def test_skip_train_only_decodes(tiny):
+    tmp, _, first = tiny
+    proc, report = run_benchmark(tmp / "again", "--skip-train", first["train"]["checkpoint"])
+    assert report["train"] is None
+    assert report["decode"]["greedy"]["sentences"] == 20
+    assert report["flops"]["achieved_gflops"] is None and report["flops"]["train_gflop_per_sentence"] > 0
+    assert "| test BLEU beam 5 |" in proc.stdout
+
+
+def test_flops_formula_of_the_multi30k_model():
+    bench = load_benchmark()
+    # the defaults: biLSTM 2x256 encoder, LSTM-512 decoder, 256-d embeddings, input feeding, bridge
+    cfg = ModelConfig(attention="bahdanau", attention_query="current")
+    S, T, V = 16, 15, 8000
+    encoder = 2 * 8 * 256 * (256 + 256)  # per source piece, both directions
+    keys = 2 * 512 * 512
+    step = 8 * 512 * (256 + 512 + 512) + 2 * 512 * 512 + 2 * (512 + 512) * 512 + 2 * 512 * V
+    expected = S * (encoder + keys) + 4 * 512 * 512 + T * step + S * T * (2 * 512 + 2 * 512)
+    assert bench.forward_flops(cfg, V, S, T) == expected
+    assert 0.7e9 < 3 * expected < 0.9e9  # the peers' README: ~0.83 GFLOP per training sentence
+
+
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
+def test_flops_are_counted_for_every_attention(attention):
+    cfg = ModelConfig(attention=attention, decoder_layers=2, encoder_layers=2)
+    assert load_benchmark().forward_flops(cfg, 100, 7, 9) > 0
+
+
+def test_peer_summaries_are_read_with_missing_fields():
+    bench = load_benchmark()
+    joey = {"params_ckpt": 13180000, "sent_per_s_overall": 63.7, "trg_tok_per_s_overall": 1000.0,
+            "train_maxrss_mb_wall": [1945.6, "12:00.20"],
+            "decode_b1": {"generation_secs": [5.0, 5.5], "maxrss_mb_wall": [700.0, "0:14.00"],
+                          "bleu": "8.69"}}
+    figures = bench.peer_figures("joeynmt", joey)
+    assert figures["decode_s_greedy"] == pytest.approx(10.5) and figures["process_s_greedy"] == 14.0
+    assert figures["bleu_greedy"] == 8.69 and figures["peak_train_gib"] == pytest.approx(1.9)
+    assert figures["bleu_beam5"] is None and figures["decode_s_beam5"] is None
+    assert bench.peer_figures("opennmt", {})["sentences_per_s"] is None
