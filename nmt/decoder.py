@@ -33,7 +33,8 @@ class DecoderState(NamedTuple):
 
     def select(self, index: Tensor) -> DecoderState:
         """Reorder/replicate along the batch (beam search)."""
-        return DecoderState(self.h.index_select(1, index), self.c.index_select(1, index), self.feed.index_select(0, index))
+        h, c = self.h.index_select(1, index), self.c.index_select(1, index)
+        return DecoderState(h, c, self.feed.index_select(0, index))
 
 
 class Decoder(nn.Module):
@@ -70,7 +71,9 @@ class Decoder(nn.Module):
         self.output = nn.Linear(hidden_size, vocab_size)
         if tie_embeddings:
             if embed_size != hidden_size:
-                raise ValueError(f"model.tie_embeddings needs embed_size == hidden_size ({embed_size} != {hidden_size})")
+                raise ValueError(
+                    f"model.tie_embeddings needs embed_size == hidden_size ({embed_size} != {hidden_size})"
+                )
             self.output.weight = self.embed.weight
         if bridge == "bridge":
             self.bridge_h = nn.Linear(encoder_size, hidden_size)

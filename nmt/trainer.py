@@ -106,7 +106,8 @@ class Trainer:
         self.sampler = TokenBatchSampler(self.train_split.src_lengths, self.train_split.tgt_lengths,
                                          config.batch_tokens, seed, True, rank, world_size)
         amp = config.amp if config.amp != "auto" else ("bf16" if self.device.type == "cuda" else "off")
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if amp == "bf16" else nullcontext
+        bf16 = amp == "bf16"
+        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0
         self.elapsed = 0.0
@@ -343,7 +344,8 @@ class Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
         entry = {"kind": "train", "step": self.step, "epoch": self.epoch, "loss": round(loss, 6), "lr": lr,
-                 "grad_norm": round(self._last_grad_norm, 4), "tokens_per_s": round(tps, 1), "sentences_per_s": round(sps, 2)}
+                 "grad_norm": round(self._last_grad_norm, 4), "tokens_per_s": round(tps, 1),
+                 "sentences_per_s": round(sps, 2)}
         self.history.append(entry)
         if self.writer:
             for k in ("loss", "lr", "grad_norm", "tokens_per_s", "sentences_per_s"):
