@@ -390,6 +390,21 @@ def test_teacher_forcing_equals_step_by_step(name, query, options, input_feeding
     assert torch.allclose(weights, torch.stack(step_weights, 1), atol=1e-5)
 
 
+@pytest.mark.parametrize("query", ["previous", "current"])
+def test_query_order_previous_attends_with_the_old_state_current_with_the_new(query):
+    """Bahdanau order scores with s_{t-1} (before the LSTM step), Luong order with h_t (after it)."""
+    model = make_model("bahdanau", query, decoder_layers=2).eval()
+    src, lengths, tgt_in, _ = make_batch([4, 7, 2], [3, 2, 5])
+    with torch.no_grad():
+        enc, keys, values, state = model.encode(src, lengths)
+        for t in range(tgt_in.size(1)):
+            before = state
+            _, state, weights = model.decoder.step(tgt_in[:, t], state, keys, values, enc.mask)
+            asking = before if query == "previous" else state
+            _, expected = model.attention(asking.h[-1][:, None, :], keys, values, enc.mask)
+            torch.testing.assert_close(weights, expected[:, 0])
+
+
 @pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
 @pytest.mark.parametrize("name, query, options", VARIANTS)
 def test_padding_does_not_leak_between_sentences(name, query, options, input_feeding):
@@ -542,7 +557,12 @@ def check_experiment(name: str, config_dir: str = CONFIG_DIR) -> int:
     check_composed(cfg)
     sweeps = sweep_overrides(cfg)
     for overrides in sweeps:
-        check_composed(compose_train([f"experiment={name}", *overrides], config_dir))
+        swept = compose_train([f"experiment={name}", *overrides], config_dir)
+        check_composed(swept)
+        for override in overrides:
+            key, value = override.split("=", 1)
+            if key == "attention":
+                assert swept.attention.name == value, f"the sweep's {override} did not take"
     return 1 + len(sweeps)
 
 
