@@ -41,8 +41,8 @@ def bucket_labels(edges: Sequence[int]) -> list[str]:
 
 def bucket_of(n_words: int, edges: Sequence[int]) -> int:
     """Index of the bucket holding a sentence of `n_words` words (lower edge inclusive)."""
-    if list(edges) != sorted(set(edges)) or not edges:
-        raise ValueError(f"bucket edges must be strictly increasing, got {list(edges)}")
+    if not edges or list(edges) != sorted(set(edges)) or edges[0] != 0:
+        raise ValueError(f"bucket edges must start at 0 and increase strictly, got {list(edges)}")
     index = 0
     for i, edge in enumerate(edges):
         if n_words >= edge:
@@ -77,6 +77,8 @@ def bootstrap_bleu(
 
     Sentence-level sufficient statistics are extracted once, so each resample is a sum, not a re-scoring.
     """
+    if samples < 1:
+        raise ValueError(f"bootstrap samples must be at least 1, not {samples}")
     bleu = BLEU()
     stats = np.array(bleu._extract_corpus_statistics(list(hypotheses), [list(references)]), dtype=np.int64)
     score = bleu._compute_score_from_stats(stats.sum(0).tolist()).score

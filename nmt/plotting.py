@@ -2,6 +2,9 @@
 
     fig = attention_figure(weights, src_pieces, tgt_pieces)   # weights (T, S)
     save_figure(fig, "attention.png")
+
+nmt-study adds side-by-side heatmaps of one sentence under several models (attention_panels_figure) and
+validation BLEU of the shortest and longest length buckets over training time (learning_curves_figure).
 """
 
 from __future__ import annotations
@@ -51,22 +54,88 @@ def attention_figure(weights, src_pieces: Sequence[str], tgt_pieces: Sequence[st
 def bleu_by_length_figure(series: dict[str, list[dict]], title: str = "BLEU by source length") -> Figure:
     """One line per series. Each row: {"bucket", "bleu", optional "low"/"high" (interval), "n"}."""
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    # one x position per bucket over all series, so series with different empty buckets stay aligned
+    labels: dict[str, str] = {}
+    for rows in series.values():
+        for r in rows:
+            labels.setdefault(r["bucket"], f"{r['bucket']}\n(n={r['n']})")
+    position = {bucket: i for i, bucket in enumerate(labels)}
     for name, rows in series.items():
         rows = [r for r in rows if r.get("bleu") is not None]
         if not rows:
             continue
-        x = list(range(len(rows)))
+        x = [position[r["bucket"]] for r in rows]
         ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)
         if all("low" in r and "high" in r for r in rows):
             ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2)
-        ax.set_xticks(x)
-        ax.set_xticklabels([f"{r['bucket']}\n(n={r['n']})" for r in rows], fontsize=8)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(list(labels.values()), fontsize=8)
     ax.set_xlabel("source sentence length (words)")
     ax.set_ylabel("BLEU")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+NO_ALIGNMENT = ("attention=none:\nthe decoder reads one fixed\nsentence vector, so there is\n"
+                "no alignment to show")
+
+
+def attention_panels_figure(panels: Sequence[tuple[str, object, Sequence[str], Sequence[str], bool]],
+                            title: str = "") -> Figure:
+    """One heatmap per (label, weights (T, S), src_pieces, tgt_pieces, has_alignment), side by side.
+
+    A panel without alignment (`attention=none`) says so instead of showing an all-black square.
+    """
+    widths = [min(1.5 + 0.11 * len(src), 14) if aligned else 3.0 for _, _, src, _, aligned in panels]
+    height = min(2.5 + 0.11 * max((len(tgt) for _, _, _, tgt, _ in panels), default=1), 14)
+    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), height), dpi=100, squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for ax, (label, weights, src, tgt, aligned) in zip(axes[0], panels, strict=True):
+        ax.set_xlabel(label, fontsize=11)
+        if not aligned:
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, NO_ALIGNMENT, ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            continue
+        w = weights.detach().float().cpu().numpy() if hasattr(weights, "detach") else weights
+        ax.imshow(w[: len(tgt), : len(src)], cmap="gray", vmin=0.0, vmax=1.0, aspect="auto",
+                  interpolation="nearest")
+        ax.set_xticks(range(len(src)))
+        ax.set_xticklabels(src, rotation=90, fontsize=6)
+        ax.xaxis.tick_top()
+        ax.set_yticks(range(len(tgt)))
+        ax.set_yticklabels(tgt, fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def learning_curves_figure(curves: dict[str, list[dict]]) -> Figure:
+    """Validation BLEU over training time, shortest bucket left, longest right; one colour per name.
+
+    `curves` maps a name to one curve per run (seed): {"shortest"|"longest": {"bucket", "n", "points"}}
+    with points [[minutes, BLEU, step], ...].
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100, sharey=True)
+    for side, ax in zip(("shortest", "longest"), axes, strict=True):
+        buckets = set()
+        for i, (name, runs) in enumerate(curves.items()):
+            for j, curve in enumerate(c for c in runs if side in c):
+                points = curve[side]["points"]
+                buckets.add(f"{curve[side]['bucket']} words, n={curve[side]['n']}")
+                ax.plot([p[0] for p in points], [p[1] for p in points], color=f"C{i}", marker="o",
+                        markersize=3, alpha=0.85, label=name if j == 0 else None)
+        ax.set_title(f"{side} validation bucket ({'; '.join(sorted(buckets))})", fontsize=10)
+        ax.set_xlabel("training time (minutes)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation BLEU")
+    axes[0].set_ylim(bottom=0)
+    axes[1].legend()
     fig.tight_layout()
     return fig
 
