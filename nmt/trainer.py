@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, padding_overhead
-from nmt.errors import NMTError
+from nmt.errors import CheckpointError, NMTError
 from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
 from nmt.model import Seq2Seq, token_loss
 from nmt.plotting import attention_figure
@@ -176,6 +176,12 @@ class Trainer:
 
     def restore(self, path: str | Path) -> None:
         data = load_checkpoint(path)
+        ours = self.module.config.to_dict()
+        differ = sorted(k for k in ours if data["model_config"].get(k) != ours[k])
+        if differ or (data["src_vocab"], data["tgt_vocab"]) != (self.module.src_vocab, self.module.tgt_vocab):
+            what = ", ".join(f"model.{k}" for k in differ) or "the vocabulary sizes"
+            raise CheckpointError(f"{path}: does not fit this run's model ({what} differ); resume with the settings "
+                                  "it was trained with (its run's .hydra/config.yaml) or use a new run directory")
         self.module.load_state_dict(data["model"])
         self.optimizer.load_state_dict(data["optimizer"])
         for g, base in zip(self.optimizer.param_groups, data["base_lr"], strict=True):

@@ -81,7 +81,7 @@ class Translator:
         """From an already loaded checkpoint (nmt-evaluate also needs the payload's stored config)."""
         from nmt.checkpoint import model_from_checkpoint
 
-        model, tokenizer = model_from_checkpoint(payload, device)
+        model, tokenizer = model_from_checkpoint(payload, device, path=checkpoint)
         translator = cls(model, tokenizer, device, **decoding)
         translator.checkpoint = checkpoint
         return translator
@@ -117,6 +117,8 @@ class Translator:
     def _encode(self, texts: list[str], first_line: int) -> list[list[int] | None]:
         """Source ids (EOS included, cut to max_src_pieces) of every text; None for an empty one."""
         out: list[list[int] | None] = []
+        # lone surrogates (from undecodable bytes) cannot reach sentencepiece: replace them with U+FFFD
+        texts = [t.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for t in texts]
         nonempty = [t for t in texts if t.strip()]
         encoded = iter(self.tokenizer.encode_src(nonempty)) if nonempty else iter(())
         for n, text in enumerate(texts):

@@ -39,7 +39,7 @@ def check_edges(value) -> list[int]:
 
 
 def run(cfg: DictConfig) -> dict:
-    from nmt.checkpoint import load_checkpoint
+    from nmt.checkpoint import load_checkpoint, model_from_checkpoint
     from nmt.evaluation import evaluate
     from nmt.translator import Decoding, Translator
 
@@ -63,8 +63,10 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError(f"split={cfg.split} is not a split of corpus {corpus.name}; "
                           f"available: {', '.join(corpus.splits)}")
 
-    translator = Translator.from_payload(payload, resolve_device(cfg.device), checkpoint=str(checkpoint),
-                                         **asdict(decoding))
+    device = resolve_device(cfg.device)
+    model, tokenizer = model_from_checkpoint(payload, device, path=checkpoint)
+    translator = Translator(model, tokenizer, device, **asdict(decoding))
+    translator.checkpoint = str(checkpoint)
     out_dir = Path(cfg.output) if cfg.output else default_output(checkpoint)
     meta = {"corpus": corpus.name, "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang,
             "step": payload.get("step")}

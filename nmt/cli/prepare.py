@@ -48,7 +48,8 @@ def main() -> None:
     import sys
 
     # nmt-prepare writes no run directory: it only fills the cache under data/
-    sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
+                 "hydra/hydra_logging=none"]
     _main()
 
 

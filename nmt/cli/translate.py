@@ -122,21 +122,34 @@ def write_results(translator, args: argparse.Namespace, texts: list[str], first_
     sys.stdout.flush()
 
 
+def valid_text(text: str) -> str:
+    """`text` with undecodable command-line bytes (lone surrogates in Python) replaced by U+FFFD."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that does not stand for a byte
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", errors="replace")
+
+
 def translate(args: argparse.Namespace) -> None:
+    from nmt.checkpoint import load_checkpoint, model_from_checkpoint
     from nmt.errors import ConfigError
     from nmt.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, resolve_device(args.device), beam_size=args.beam,
-                                            nbest=args.nbest, length_penalty=args.length_penalty,
-                                            max_len_ratio=args.max_len_ratio)
+    device = resolve_device(args.device)
+    model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint), device, path=args.checkpoint)
+    translator = Translator(model, tokenizer, device, beam_size=args.beam, nbest=args.nbest,
+                            length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio)
+    translator.checkpoint = args.checkpoint
     if args.attention:
         try:
             os.makedirs(args.attention, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"--attention {args.attention}: cannot create it ({e.strerror})") from None
     if args.text:
-        for start in range(0, len(args.text), args.batch_size):
-            write_results(translator, args, args.text[start : start + args.batch_size], start + 1)
+        texts = [valid_text(text) for text in args.text]
+        for start in range(0, len(texts), args.batch_size):
+            write_results(translator, args, texts[start : start + args.batch_size], start + 1)
         return
     line = 1
     for batch in stdin_batches(args.batch_size):
