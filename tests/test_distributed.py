@@ -1,8 +1,8 @@
 """DDP on CPU (gloo): two torchrun processes against one, DDP resume, launcher presets, the sampler's shards.
 
-The torchrun commands here are the ones the README's "Scaling out" section gives for CPU runs. Each run is a few steps of the
-`quick` preset on a small corpus with one thread per process, so the file stays within about a minute and a
-half on two cores.
+The torchrun commands here are the ones the README's "Scaling out" section gives for CPU runs.
+Each run is a few steps of the `quick` preset on a small corpus with one thread per process, so the file
+stays within about a minute and a half on two cores.
 """
 
 from __future__ import annotations
@@ -23,8 +23,16 @@ from nmt.data import TokenBatchSampler
 BIN = Path(sys.executable).parent
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nmt.cli.train"]
 SINGLE = [sys.executable, "-m", "nmt.cli.train"]
-SMALL = ["experiment=quick", "data.train_size=1500", "data.valid_size=60", "data.test_size=60",
-         "trainer.progress=false", "trainer.log_every=1", "trainer.heatmaps=1", "trainer.threads=1"]
+SMALL = [
+    "experiment=quick",
+    "data.train_size=1500",
+    "data.valid_size=60",
+    "data.test_size=60",
+    "trainer.progress=false",
+    "trainer.log_every=1",
+    "trainer.heatmaps=1",
+    "trainer.threads=1",
+]
 # Without dropout one process and two compute the same thing (with it, each draws its own masks); 30 steps
 # is where BLEU leaves zero, so the comparison means something.
 NO_DROPOUT = ["model.dropout=0", "trainer.max_steps=30", "trainer.valid_every=15"]
@@ -36,8 +44,9 @@ WEIGHT_TOL = {"rtol": 1e-4, "atol": 5e-5}
 
 
 def run(cmd: list[str], cwd: Path, data_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd + SMALL + [f"paths.data_dir={data_dir}", *overrides], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    proc = subprocess.run(
+        cmd + SMALL + [f"paths.data_dir={data_dir}", *overrides], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
 
@@ -106,8 +115,7 @@ def test_ddp_resume_continues_the_same_run(tmp_path, data_dir):
     resolve its own run directory (as `${now:...}` may, a second apart); rank 0's is the one all of them use.
     """
     straight = tmp_path / "straight"
-    run(TORCHRUN, tmp_path, data_dir, "trainer.max_steps=8", "trainer.valid_every=4",
-        f"hydra.run.dir={straight}")
+    run(TORCHRUN, tmp_path, data_dir, "trainer.max_steps=8", "trainer.valid_every=4", f"hydra.run.dir={straight}")
     resumed = tmp_path / "resumed"
     per_rank_dir = f"hydra.run.dir={resumed}/rank${{oc.env:RANK}}"
     run(TORCHRUN, tmp_path, data_dir, "trainer.max_steps=4", "trainer.valid_every=4", per_rank_dir)
@@ -124,11 +132,14 @@ def test_ddp_resume_continues_the_same_run(tmp_path, data_dir):
 # ------------------------------------------------------------------------------------------- launchers
 
 
-@pytest.mark.parametrize("preset, plugin, launcher", [
-    (None, None, "hydra._internal.core_plugins.basic_launcher.BasicLauncher"),
-    ("local_parallel", "hydra_joblib_launcher", "joblib_launcher.JoblibLauncher"),
-    ("slurm", "hydra_submitit_launcher", "submitit_launcher.SlurmLauncher"),
-])
+@pytest.mark.parametrize(
+    "preset, plugin, launcher",
+    [
+        (None, None, "hydra._internal.core_plugins.basic_launcher.BasicLauncher"),
+        ("local_parallel", "hydra_joblib_launcher", "joblib_launcher.JoblibLauncher"),
+        ("slurm", "hydra_submitit_launcher", "submitit_launcher.SlurmLauncher"),
+    ],
+)
 def test_launcher_presets_compose(tmp_path, preset, plugin, launcher):
     """Without launcher=... the config composes with no plugin installed; a preset picks its plugin."""
     if plugin and importlib.util.find_spec(f"hydra_plugins.{plugin}") is None:
@@ -168,12 +179,17 @@ def test_every_global_batch_is_dealt_out_whole_and_evenly(world):
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(1, 60), min_size=4, max_size=300), batch_tokens=st.integers(1, 400),
-       world=st.integers(2, 4), epoch=st.integers(0, 5))
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=4, max_size=300),
+    batch_tokens=st.integers(1, 400),
+    world=st.integers(2, 4),
+    epoch=st.integers(0, 5),
+)
 def test_shards_are_disjoint_and_complete_for_any_lengths(lengths, batch_tokens, world, epoch):
     src = torch.tensor(lengths)
-    samplers = [TokenBatchSampler(src, src.flip(0), batch_tokens, seed=3, rank=r, world_size=world)
-                for r in range(world)]
+    samplers = [
+        TokenBatchSampler(src, src.flip(0), batch_tokens, seed=3, rank=r, world_size=world) for r in range(world)
+    ]
     shards = [s.batches(epoch) for s in samplers]
     assert len({len(s) for s in shards}) == 1
     if len(lengths) >= world:  # a rank never gets an empty batch (it would have nothing to backpropagate)
