@@ -1,6 +1,6 @@
 """scripts/benchmark.py runs on a tiny setting and writes valid JSON; speeds are never asserted.
 
-    /work/venv/bin/python -m pytest -q tests/test_benchmark.py
+    python -m pytest -q tests/test_benchmark.py
 
 The peers are stand-in scripts here (one writes a summary in the peers' format, one fails), so no peer
 toolkit is installed; the FLOPs formula and the peer summary parsing are checked as plain functions.

@@ -1,7 +1,7 @@
 """Tests for inference: search (greedy = beam 1, batch independence, n-best order), nmt.translator,
 nmt.evaluation, and the nmt-evaluate / nmt-translate commands end to end on a model trained once.
 
-    /work/venv/bin/python -m pytest -q tests/test_inference.py
+    python -m pytest -q tests/test_inference.py
 """
 
 from __future__ import annotations

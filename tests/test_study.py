@@ -1,7 +1,7 @@
 """Tests for the bottleneck study: the presets' sweeps, bucket edges, config differences, seed grouping,
 and `nmt-study` end to end on a tiny multirun (2 attention types x 2 seeds, trained once per module).
 
-    /work/venv/bin/python -m pytest -q tests/test_study.py
+    python -m pytest -q tests/test_study.py
 """
 
 from __future__ import annotations
