@@ -61,18 +61,6 @@ def typed(cls, node, section: str):
     return OmegaConf.to_object(checked)
 
 
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name not in ("cpu", "cuda") and not name.startswith("cuda:"):
-        raise ConfigError(f"device must be auto, cpu or cuda, not {name!r}")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={name} but no CUDA GPU is visible; use device=cpu or device=auto")
-    return name
-
-
 _KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
 
 

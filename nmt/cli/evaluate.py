@@ -19,7 +19,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.cli.common import CONFIG_DIR, build_corpus, plain, resolve_device, typed, user_errors
+from nmt.cli.common import CONFIG_DIR, build_corpus, plain, typed, user_errors
+from nmt.device import resolve_device
 from nmt.errors import ConfigError
 
 

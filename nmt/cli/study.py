@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from nmt.cli.common import build_corpus, resolve_device, user_errors
+from nmt.cli.common import build_corpus, user_errors
+from nmt.device import resolve_device
 from nmt.errors import ConfigError
 
 
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     settings = StudySettings(splits=args.split.split("+"), edges=edges, min_bucket=args.min_bucket,
                              bootstrap=args.bootstrap, heatmaps=args.heatmaps,
-                             device=resolve_device(args.device), decoding={"beam_size": args.beam})
+                             device=resolve_device(args.device, "--device "), decoding={"beam_size": args.beam})
     return run_study(args.paths, load_corpus, args.output, settings)
 
 

@@ -23,7 +23,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, plain, resolve_device, typed, user_errors
+from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, plain, typed, user_errors
+from nmt.device import resolve_device
 from nmt.errors import ConfigError
 
 log = logging.getLogger("nmt.train")

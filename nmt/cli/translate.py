@@ -77,20 +77,6 @@ def stdin_batches(max_lines: int, fd: int = 0) -> Iterator[list[str]]:
             yield [line.removesuffix(b"\r").decode("utf-8", errors="replace") for line in batch]
 
 
-def resolve_device(name: str) -> str:
-    import torch
-
-    from nmt.errors import ConfigError
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name != "cpu" and name != "cuda" and not name.startswith("cuda:"):
-        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {name} but no CUDA GPU is visible; use --device cpu")
-    return name
-
-
 def alignment_line(t, has_alignment: bool) -> str:
     """'tgt->src ...': the most attended source piece of every output piece."""
     if not has_alignment or not t.tgt_pieces:
@@ -133,10 +119,11 @@ def valid_text(text: str) -> str:
 
 def translate(args: argparse.Namespace) -> None:
     from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt.device import resolve_device
     from nmt.errors import ConfigError
     from nmt.translator import Translator
 
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device ")
     model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint), device, path=args.checkpoint)
     translator = Translator(model, tokenizer, device, beam_size=args.beam, nbest=args.nbest,
                             length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio)
