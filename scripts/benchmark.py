@@ -61,10 +61,10 @@ from nmt.cli.common import (
     build_model_config,
     load_data,
     plain,
-    resolve_device,
     typed,
 )
 from nmt.data import PreparedData, padding_overhead
+from nmt.device import resolve_device
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.trainer import OptimConfig, Trainer, TrainerConfig
