@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BIN = Path(sys.executable).parent  # the virtualenv's console scripts (nmt-train, nmt-evaluate, ...)
 
@@ -27,3 +28,13 @@ def quick_run(tmp_path_factory) -> Path:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (run_dir / "checkpoints" / "best.pt").exists()
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: tiny ops gain nothing from more, and on a shared 2-core machine
+    two spinning OpenMP threads can be ten times slower, not faster."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

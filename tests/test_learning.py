@@ -34,7 +34,7 @@ from nmt.model import Seq2Seq
 from nmt.search import greedy
 from nmt.trainer import OptimConfig, Trainer, TrainerConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # one_thread: conftest.py
 
 MODEL = {"embed_size": 64, "encoder_hidden_size": 64, "hidden_size": 128, "dropout": 0.0}
 BATCH_TOKENS = 500  # about 50 sentences a step: many small steps learn faster than few big ones here
@@ -42,14 +42,6 @@ MAIN_STEPS = 500  # luong and none, ~15 s each
 OTHER_STEPS = 400  # bahdanau, multihead, local, ~15 s each
 OTHERS = [name for name in ATTENTIONS if name not in ("luong", "none")]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One thread: two OpenMP threads on a shared 2-core machine can be ten times slower, not faster."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

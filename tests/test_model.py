@@ -100,13 +100,7 @@ def length_mask(lengths: list[int], S: int) -> torch.Tensor:
     return torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: tiny ops gain nothing from more, and a shared CPU makes spinning threads slow."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(autouse=True)
