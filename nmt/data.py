@@ -218,10 +218,16 @@ class TokenBatchSampler:
     neighbours have similar lengths, cut into batches where `n * max(src_len, tgt_len) <= batch_tokens`,
     then shuffle the batch order. The same seed and epoch always give the same batches.
 
+    `bucketing="exact"` first groups the sentences by source length, so every batch's sources share one
+    length: the encoder then needs neither padding nor packing (the fastest LSTM path, and the one where
+    bf16 pays). Targets are sorted within each group the same way. `bucketing="sorted"` mixes lengths.
+
     With `world_size > 1` (DistributedDataParallel), each global batch is dealt round-robin to the ranks:
     rank r trains on sentences r, r + world, ... of every batch, so every rank takes the same number of
     steps, the ranks' shards are disjoint, and together they cover every sentence once per epoch.
     """
+
+    BUCKETINGS = ("exact", "sorted")
 
     def __init__(
         self,
@@ -233,27 +239,46 @@ class TokenBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         sort_pool: int = 100,
+        bucketing: str = "exact",
     ):
+        if bucketing not in self.BUCKETINGS:
+            raise ValueError(f"trainer.bucketing must be one of {', '.join(self.BUCKETINGS)}, not {bucketing!r}")
+        self.src_lengths = src_lengths.tolist()
         self.lengths = torch.maximum(src_lengths, tgt_lengths).tolist()
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
         self.rank, self.world_size, self.sort_pool = rank, world_size, sort_pool
+        self.exact = bucketing == "exact"
+
+    def _order(self, rng: random.Random) -> list[int]:
+        """Every index once, neighbours of similar length (and, if exact, runs of one source length)."""
+        order = list(range(len(self.lengths)))
+        if not self.shuffle:
+            key = (lambda i: (self.src_lengths[i], self.lengths[i])) if self.exact else self.lengths.__getitem__
+            return sorted(order, key=key)
+        rng.shuffle(order)
+        if self.exact:
+            order.sort(key=self.src_lengths.__getitem__)  # stable: each group stays shuffled
+        mean_len = max(1, sum(self.lengths) // max(1, len(self.lengths)))
+        pool = self.sort_pool * max(1, self.batch_tokens // mean_len)
+        groups = [order]
+        if self.exact:
+            groups, start = [], 0
+            for k in range(1, len(order) + 1):
+                if k == len(order) or self.src_lengths[order[k]] != self.src_lengths[order[start]]:
+                    groups.append(order[start:k])
+                    start = k
+        chunks = [g[i : i + pool] for g in groups for i in range(0, len(g), pool)]
+        return [i for chunk in chunks for i in sorted(chunk, key=self.lengths.__getitem__)]
 
     def global_batches(self, epoch: int) -> list[list[int]]:
         """All batches of `epoch` before sharding."""
-        order = list(range(len(self.lengths)))
         rng = random.Random(self.seed * 100_003 + epoch)
-        if self.shuffle:
-            rng.shuffle(order)
-            mean_len = max(1, sum(self.lengths) // max(1, len(self.lengths)))
-            pool = self.sort_pool * max(1, self.batch_tokens // mean_len)
-            chunks = [order[i : i + pool] for i in range(0, len(order), pool)]
-            order = [i for chunk in chunks for i in sorted(chunk, key=self.lengths.__getitem__)]
-        else:
-            order.sort(key=self.lengths.__getitem__)
         batches, current, longest = [], [], 0
-        for i in order:
+        for i in self._order(rng):
             n_longest = max(longest, self.lengths[i])
-            if current and n_longest * (len(current) + 1) > self.batch_tokens and len(current) >= self.world_size:
+            full = n_longest * (len(current) + 1) > self.batch_tokens
+            new_length = self.exact and current and self.src_lengths[i] != self.src_lengths[current[0]]
+            if current and (full or new_length) and len(current) >= self.world_size:
                 batches.append(current)
                 current, n_longest = [], self.lengths[i]
             current.append(i)

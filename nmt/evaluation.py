@@ -107,7 +107,7 @@ def _decoding_line(result: dict) -> str:
     d = result.get("decoding", {})
     kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
     return (f"{kind}, length penalty {d.get('length_penalty')}, "
-            f"max length {d.get('max_len_ratio')} x source + {d.get('max_len_extra')}")
+            f"max length {d.get('max_len_ratio')} x source + {d.get('max_len_extra')}, {d.get('precision', 'fp32')}")
 
 
 def markdown_report(result: dict) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.attention import build_attention
@@ -92,6 +91,44 @@ class Seq2Seq(nn.Module):
         return self.decoder(tgt_in, state, keys, values, enc.mask)
 
 
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy of logits (N, V) against target (N,), skipping PAD targets.
+
+    loss_n = (1 - eps) * (lse_n - x_n[y_n]) + eps * (lse_n - mean_v x_n[v]), lse_n = logsumexp_v x_n[v],
+    the same value as F.cross_entropy(..., label_smoothing=eps, reduction="sum"). Written out because its
+    gradient is one expression, softmax(x) - (1 - eps) onehot(y) - eps / V, computed in place in two passes
+    over the (N, V) logits, where autograd's log_softmax/nll path takes about twice as many (a third of the
+    loss's time in a bf16 training step on a CPU). Everything is fp32, whatever the dtype of the logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, eps: float) -> Tensor:
+        real = target != PAD_ID  # (N,)
+        x = logits.float()
+        lse = torch.logsumexp(x, dim=-1)  # (N,)
+        picked = x.gather(1, target[:, None]).squeeze(1)  # (N,)
+        loss = (1 - eps) * (lse - picked)
+        if eps:
+            loss = loss + eps * (lse - x.mean(dim=-1))
+        ctx.save_for_backward(logits, target, lse, real)
+        ctx.eps = eps
+        return loss.masked_fill(~real, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logits, target, lse, real = ctx.saved_tensors
+        eps, V = ctx.eps, logits.size(-1)
+        g = logits.float()  # a new fp32 tensor (a copy even when logits are fp32: .float() of fp32 is a view)
+        if g.data_ptr() == logits.data_ptr():
+            g = g.clone()
+        g.sub_(lse[:, None]).exp_()  # softmax
+        if eps:
+            g.sub_(eps / V)
+        g.scatter_add_(1, target[:, None], g.new_full((len(target), 1), -(1 - eps)))
+        g.mul_((grad * real)[:, None])
+        return g.to(logits.dtype), None, None
+
+
 def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, int]:
     """Summed cross-entropy over real target tokens (padding ignored) and their count.
 
@@ -99,13 +136,7 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     Computed in fp32 whatever the autocast dtype.
     """
     V = logits.size(-1)
-    loss = F.cross_entropy(
-        logits.reshape(-1, V).float(),
-        target.reshape(-1),
-        ignore_index=PAD_ID,
-        reduction="sum",
-        label_smoothing=label_smoothing,
-    )
+    loss = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target.reshape(-1), float(label_smoothing))
     return loss, int((target != PAD_ID).sum())
 
 

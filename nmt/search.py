@@ -50,12 +50,13 @@ def greedy(model: Seq2Seq, src: Tensor, lengths: Tensor, max_len_ratio: float = 
     """Pick the most likely word at every step, for all sentences at once."""
     B = src.size(0)
     enc, keys, values, state = model.encode(src, lengths)
+    params = model.decoder.step_params(src.device)
     limits = max_lengths(lengths, max_len_ratio, max_len_extra)
     prev = src.new_full((B,), BOS_ID)
     tokens, logps, weights = [], [], []
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     for _ in range(max(limits)):
-        logits, state, w = model.decoder.step(prev, state, keys, values, enc.mask)
+        logits, state, w = model.decoder.step(prev, state, keys, values, enc.mask, params)
         logp = _log_probs(logits)  # (B, V)
         best_logp, prev = logp.max(dim=-1)  # (B,)
         tokens.append(prev)
@@ -77,77 +78,116 @@ def greedy(model: Seq2Seq, src: Tensor, lengths: Tensor, max_len_ratio: float = 
     return out
 
 
+class _AttentionTrace:
+    """Every step's attention rows and back-pointers, so a hypothesis's attention history is rebuilt
+    only for the hypotheses returned, instead of being copied along with every beam at every step."""
+
+    def __init__(self):
+        self.weights: list[Tensor] = []  # step t: (B*K, S) the attention of each beam alive at step t
+        self.parents: list[Tensor] = []  # step t: (B*K,) the beam at step t that beam k at step t + 1 extends
+
+    def rebuild(self, ends: list[tuple[int, int]]) -> Tensor:
+        """(step t, beam at step t) per hypothesis -> (H, max t + 1, S): row s is its attention at step s."""
+        steps = torch.tensor([t for t, _ in ends])
+        beam = torch.tensor([k for _, k in ends], device=self.weights[0].device)
+        rows = []
+        for s in range(int(steps.max()), -1, -1):
+            live = (steps >= s).to(beam.device)  # hypotheses that had reached step s
+            at_s = torch.where(live, beam, 0)  # (H,) row 0 stands in for the others: cut off later
+            rows.append(self.weights[s].index_select(0, at_s))  # (H, S)
+            if s:
+                beam = torch.where(live, self.parents[s - 1].index_select(0, at_s), beam)
+        return torch.stack(rows[::-1], dim=1).float().cpu()
+
+
 @torch.no_grad()
 def beam_search(model: Seq2Seq, src: Tensor, lengths: Tensor, beam_size: int = 5, nbest: int = 1,
                 max_len_ratio: float = 1.5, max_len_extra: int = 10, alpha: float = 1.0) -> list[list[Hypothesis]]:
     """Keep the `beam_size` best prefixes of every sentence; return the `nbest` best finished ones.
 
-    The decoder state, the input-feed vector, the tokens and the attention history of each beam are
-    reordered together at every step. A sentence is done when it has `beam_size` finished hypotheses
-    or reaches its maximum length (its live beams are then finished as they are).
+    The decoder state, the input-feed vector and the tokens of each beam are reordered together at
+    every step; attention is kept per step with back-pointers. A sentence is done when it has
+    `beam_size` finished hypotheses or reaches its maximum length (its live beams are then finished as
+    they are); done sentences leave the batch, so the steps get cheaper as sentences finish.
     """
-    B, K = src.size(0), beam_size
+    B, K, dev = src.size(0), beam_size, src.device
     if nbest > K:
         raise ValueError(f"nbest ({nbest}) cannot exceed the beam size ({K})")
     enc, keys, values, state = model.encode(src, lengths)
-    beam_index = torch.arange(B, device=src.device).repeat_interleave(K)  # (B*K,) sentence of each beam
+    params = model.decoder.step_params(dev)
+    beam_index = torch.arange(B, device=dev).repeat_interleave(K)  # (B*K,) sentence of each beam
     keys, values = keys.index_select(0, beam_index), values.index_select(0, beam_index)
     mask, state = enc.mask.index_select(0, beam_index), state.select(beam_index)
     limits = max_lengths(lengths, max_len_ratio, max_len_extra)
 
-    scores = torch.full((B, K), float("-inf"), device=src.device)
+    # the sentences still searching; a finished sentence leaves the batch (beam rows are renumbered then)
+    sentence = torch.arange(B, device=dev)  # (A,) original index of each active sentence
+    limit_t = torch.tensor(limits, device=dev)  # (A,)
+    n_finished = torch.zeros(B, dtype=torch.long, device=dev)  # (A,)
+    scores = torch.full((B, K), float("-inf"), device=dev)  # (A, K)
     scores[:, 0] = 0.0  # all beams start identical: keep only one alive at first
-    prev = src.new_full((B * K,), BOS_ID)
-    history = src.new_zeros(B * K, 0)  # (B*K, t) tokens so far
-    att_history = torch.zeros(B * K, 0, src.size(1))  # (B*K, t, S) on the CPU
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    done = [False] * B
-    offsets = (torch.arange(B, device=src.device) * K)[:, None]  # (B, 1)
+    prev = src.new_full((B * K,), BOS_ID)  # (A*K,)
+    history = src.new_zeros(B * K, 0)  # (A*K, t) tokens so far
+    trace = _AttentionTrace()
+    finished: list[list[tuple[float, list[int], int, int]]] = [[] for _ in range(B)]  # (score, tokens, t, beam)
+    in_top = torch.arange(2 * K, device=dev) < K
 
     for t in range(max(limits)):
-        logits, state, w = model.decoder.step(prev, state, keys, values, mask)
+        A = sentence.size(0)
+        logits, state, w = model.decoder.step(prev, state, keys, values, mask, params)
+        trace.weights.append(w)
         V = logits.size(-1)
-        logp = _log_probs(logits).view(B, K, V)
-        cand = (scores[:, :, None] + logp).view(B, K * V)  # (B, K*V)
-        top_scores, top_ids = cand.topk(2 * K, dim=1)  # (B, 2K): enough to keep K alive besides EOS
-        origin, token = top_ids // V, top_ids % V  # (B, 2K)
-        rows = (offsets + origin).view(-1)  # (B*2K,) beam each candidate extends
-        att_now = att_history.index_select(0, rows.cpu())
-        att_now = torch.cat([att_now, w.float().cpu().index_select(0, rows.cpu())[:, None, :]], dim=1)
-        tok_now = torch.cat([history.index_select(0, rows), token.view(-1, 1)], dim=1)  # (B*2K, t+1)
+        logp = _log_probs(logits).view(A, K, V)
+        cand = (scores[:, :, None] + logp).view(A, K * V)  # (A, K*V)
+        top_scores, top_ids = cand.topk(2 * K, dim=1)  # (A, 2K): enough to keep K alive besides EOS
+        origin, token = top_ids // V, top_ids % V  # (A, 2K)
+        rows = (torch.arange(A, device=dev)[:, None] * K + origin).view(-1)  # (A*2K,) beam each candidate extends
+        tok_now = torch.cat([history.index_select(0, rows), token.view(-1, 1)], dim=1)  # (A*2K, t+1)
         is_eos = token == EOS_ID
-        at_limit = torch.tensor([t + 1 >= limits[b] for b in range(B)], device=src.device)
-        done_now = torch.tensor(done, device=src.device)
+        at_limit = limit_t <= t + 1  # (A,)
 
         # finished hypotheses: EOS among a sentence's top K candidates, or its top K at the length limit
-        in_top = torch.arange(2 * K, device=src.device) < K
-        ends = (is_eos | at_limit[:, None]) & in_top & torch.isfinite(top_scores) & ~done_now[:, None]
-        for b, j in ends.nonzero().tolist():
-            r = b * 2 * K + j
-            body = tok_now[r].tolist()
-            if body[-1] == EOS_ID:
-                body = body[:-1]
-            score = float(top_scores[b, j]) / length_penalty(t + 1, alpha)
-            finished[b].append(Hypothesis(body, score, att_now[r, :, : int(lengths[b])]))
-        for b in range(B):
-            if len(finished[b]) >= K or bool(at_limit[b]):
-                done[b] = True
-        if all(done):
+        ends = (is_eos | at_limit[:, None]) & in_top & torch.isfinite(top_scores)  # (A, 2K)
+        where = ends.nonzero()
+        if len(where):
+            flat = where[:, 0] * 2 * K + where[:, 1]
+            penalty = length_penalty(t + 1, alpha)
+            for b, body, score, beam in zip(sentence.index_select(0, where[:, 0]).tolist(),
+                                            tok_now.index_select(0, flat).tolist(), top_scores[ends].tolist(),
+                                            rows.index_select(0, flat).tolist(), strict=True):
+                if body[-1] == EOS_ID:
+                    body = body[:-1]
+                finished[b].append((score / penalty, body, t, beam))
+            n_finished += ends.sum(dim=1)
+        active = (n_finished < K) & ~at_limit  # (A,)
+        if not bool(active.any()):
             break
 
-        # live beams: the K best candidates that did not end
+        # live beams: the K best candidates that did not end, of the sentences still searching
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
-        keep_scores, keep = live_scores.topk(K, dim=1)  # (B, K) positions within the 2K
-        keep_scores[torch.tensor(done, device=src.device)] = float("-inf")
-        chosen = (torch.arange(B, device=src.device)[:, None] * 2 * K + keep).view(-1)  # (B*K,)
-        scores = keep_scores
+        keep_scores, keep = live_scores.topk(K, dim=1)  # (A, K) positions within the 2K
+        kept = active.nonzero().squeeze(1)  # (A',)
+        chosen = (kept[:, None] * 2 * K + keep.index_select(0, kept)).view(-1)  # (A'*K,)
+        beam_rows = rows.index_select(0, chosen)  # the beam (numbered at step t) each survivor extends
+        trace.parents.append(beam_rows)
+        if len(kept) < A:  # some sentences are done: drop their rows
+            sentence, limit_t, n_finished = (x.index_select(0, kept) for x in (sentence, limit_t, n_finished))
+            keys, values, mask = (x.index_select(0, beam_rows) for x in (keys, values, mask))
+        scores = keep_scores.index_select(0, kept)
         history = tok_now.index_select(0, chosen)
-        att_history = att_now.index_select(0, chosen.cpu())
-        beam_rows = rows.index_select(0, chosen)  # the beam each survivor extends
         state = state.select(beam_rows)
         prev = token.view(-1).index_select(0, chosen)
 
-    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+    best = [sorted(f, key=lambda h: -h[0])[:nbest] for f in finished]
+    ends_at = [(t, beam) for hyps in best for _, _, t, beam in hyps]
+    attention = trace.rebuild(ends_at) if ends_at else None
+    out, i = [], 0
+    for b, hyps in enumerate(best):
+        n = int(lengths[b])
+        out.append([Hypothesis(body, score, attention[i + j, : t + 1, :n])
+                    for j, (score, body, t, _) in enumerate(hyps)])
+        i += len(hyps)
+    return out
 
 
 def search(model: Seq2Seq, src: Tensor, lengths: Tensor, beam_size: int = 1, nbest: int = 1,

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, padding_overhead
+from nmt.device import native_bf16
 from nmt.errors import CheckpointError, NMTError
 from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
 from nmt.model import Seq2Seq, token_loss
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainerConfig:
     batch_tokens: int = 4096  # padded tokens per batch (max of source/target length x sentences)
+    bucketing: str = "exact"  # exact (each batch's sources share one length: no encoder padding) | sorted
     accumulate: int = 1  # batches per optimizer step
     max_steps: int | None = None
     max_epochs: int | None = 10
@@ -58,7 +60,7 @@ class TrainerConfig:
     heatmaps: int = 3  # validation sentences drawn to TensorBoard at every validation
     length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     max_bad_steps: int = 5  # consecutive non-finite losses before giving up
-    amp: str = "auto"  # auto (bf16 on CUDA) | bf16 | off
+    amp: str = "auto"  # auto (bf16 where the hardware has it: CUDA, CPUs with AVX-512 BF16/AMX) | bf16 | off
     progress: bool = True
 
 
@@ -103,9 +105,16 @@ class Trainer:
         elif optim.schedule not in ("constant", "warmup"):
             raise NMTError(f"optim.schedule must be constant, warmup or plateau, not {optim.schedule!r}")
         self.train_split = data.encoded["train"]
+        if config.bucketing not in TokenBatchSampler.BUCKETINGS:
+            raise NMTError(f"trainer.bucketing must be exact or sorted, not {config.bucketing!r}")
         self.sampler = TokenBatchSampler(self.train_split.src_lengths, self.train_split.tgt_lengths,
-                                         config.batch_tokens, seed, True, rank, world_size)
-        amp = config.amp if config.amp != "auto" else ("bf16" if self.device.type == "cuda" else "off")
+                                         config.batch_tokens, seed, True, rank, world_size, bucketing=config.bucketing)
+        if config.amp not in ("auto", "bf16", "off"):
+            raise NMTError(f"trainer.amp must be auto, bf16 or off, not {config.amp!r}")
+        amp = config.amp if config.amp != "auto" else ("bf16" if native_bf16(self.device.type) else "off")
+        self.amp = amp  # resolved: bf16 | off
+        log.info("precision: %s (trainer.amp=%s); batches of %d tokens, %s bucketing", "bf16 autocast" if amp == "bf16"
+                 else "fp32", config.amp, config.batch_tokens, config.bucketing)
         bf16 = amp == "bf16"
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
         # progress (all of it goes into checkpoints)
@@ -126,7 +135,9 @@ class Trainer:
         kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
         if o.name not in kinds:
             raise NMTError(f"optim.name must be one of {', '.join(kinds)}, not {o.name!r}")
-        return kinds[o.name](self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        fused = self.device.type in ("cpu", "cuda")  # one kernel for all parameters: ~4x faster steps on a CPU
+        return kinds[o.name](self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
+                             fused=fused or None)
 
     def _lr_now(self) -> float:
         base = self.optimizer.param_groups[0].get("base_lr", self.optim_cfg.lr)

@@ -10,7 +10,7 @@ peer toolkit trained by the recipes in ../shared/peers on the same data, budget 
     python scripts/benchmark.py trainer.batch_tokens=3000 --override model.dropout=0.2
 
 What it measures, in order:
-  1. the machine's fp32 matmul rate: a 512^3 torch.mm for --matmul-seconds at --threads threads;
+  1. the machine's fp32 and bf16 matmul rates: a 512^3 torch.mm for --matmul-seconds each at --threads threads;
   2. training (in this process, nmt.trainer.Trainer) for --train-seconds of wall clock, validations included
      in the budget as in the peers' TRAIN_SECONDS (data preparation and start-up are outside it and reported
      apart); validation runs only at the end unless trainer.valid_every is overridden. Sentences/s and target
@@ -18,7 +18,8 @@ What it measures, in order:
      real tokens over epoch 0's batches; the peak memory is this whole process's ru_maxrss right after
      training (data preparation included);
   3. model FLOPs per training sentence, counted from the model config and the training set's mean lengths
-     (see `forward_flops`), and the fraction of the measured matmul rate that training achieves;
+     (see `forward_flops`), and the fraction of the measured matmul rate (bf16 when training ran under bf16
+     autocast, else fp32) that training achieves;
   4. decoding of the test split (Multi30k: test_2016_flickr, 1,000 sentences) greedy and beam 5 with the
      last checkpoint: decode-only seconds (Translator.translate in this process) and whole-process seconds
      (`nmt-translate CKPT --beam N < test.src > hyp` timed end to end), with sacreBLEU on detokenized text;
@@ -153,10 +154,10 @@ def max_rss_gib(who: int = resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024**2
 
 
-def matmul_rate(threads: int, seconds: float, n: int = 512) -> dict:
-    """Sustained fp32 GFLOP/s of an n x n x n torch.mm (2 n^3 FLOPs per call) at `threads` threads."""
+def matmul_rate(threads: int, seconds: float, n: int = 512, dtype: torch.dtype = torch.float32) -> dict:
+    """Sustained GFLOP/s of an n x n x n torch.mm in `dtype` (2 n^3 FLOPs per call) at `threads` threads."""
     torch.set_num_threads(threads)
-    a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+    a, b, out = (torch.randn(n, n, dtype=dtype) for _ in range(3))
     for _ in range(10):
         torch.mm(a, b, out=out)
     calls, start = 0, time.perf_counter()
@@ -165,7 +166,8 @@ def matmul_rate(threads: int, seconds: float, n: int = 512) -> dict:
             torch.mm(a, b, out=out)
         calls += 10
     elapsed = time.perf_counter() - start
-    return {"n": n, "threads": threads, "calls": calls, "seconds": round(elapsed, 3),
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "threads": threads, "calls": calls,
+            "seconds": round(elapsed, 3),
             "gflops": round(2 * n**3 * calls / elapsed / 1e9, 1)}
 
 
@@ -301,6 +303,7 @@ def train(cfg: DictConfig, run_dir: Path, device: str) -> tuple[dict, Path, Prep
         "step_seconds": round(trainer.step_seconds, 2),  # inside the optimizer steps only
         "valid_seconds": round(trainer.valid_seconds, 2),
         "validations": trainer.validations,
+        "amp": trainer.amp, "bucketing": tcfg.bucketing, "batch_tokens": tcfg.batch_tokens,
         "steps": summary["step"], "epochs": round(trainer.epoch + trainer.batch_pos / steps_per_epoch, 3),
         "stopped_by": summary["stopped_by"],
         "sentences": trainer.sentences, "target_tokens": trainer.target_tokens,
@@ -495,14 +498,19 @@ def format_table(report: dict) -> str:
         lines.append("| " + " | ".join(cells) + " |")
 
     train, flops, mm = report.get("train") or {}, report["flops"], report["matmul"]
+    mm16 = report.get("matmul_bf16") or {}
     extras = [
         ("training seconds (validation excluded) / validation seconds",
          f"{fmt(train.get('train_seconds'), '.1f')} / {fmt(train.get('valid_seconds'), '.1f')}"),
+        ("training precision (trainer.amp) / batches (trainer.bucketing, batch_tokens)",
+         f"{train.get('amp', '-')} / {train.get('bucketing', '-')}, {train.get('batch_tokens', '-')}"),
         ("padding overhead (padded / real tokens, epoch 0)", fmt(train.get("padding_overhead"), ".3f")),
         ("model GFLOP per training sentence (3 x forward)", fmt(flops["train_gflop_per_sentence"], ".3f")),
         ("achieved training GFLOP/s", fmt(flops["achieved_gflops"], ".1f")),
-        (f"torch.mm {mm['n']}^3 fp32 GFLOP/s, {mm['threads']} thread(s)", fmt(mm["gflops"], ".1f")),
-        ("achieved fraction of the matmul rate", fmt(flops["fraction_of_matmul"], ".3f")),
+        (f"torch.mm {mm['n']}^3 fp32 / bf16 GFLOP/s, {mm['threads']} thread(s)",
+         f"{fmt(mm['gflops'], '.1f')} / {fmt(mm16.get('gflops'), '.1f')}"),
+        (f"achieved fraction of the matmul rate ({flops.get('matmul_dtype', 'float32')})",
+         fmt(flops["fraction_of_matmul"], ".3f")),
         ("sentences/s at the matmul rate", fmt(flops["sentences_per_s_at_matmul_rate"], ".1f")),
     ]
     lines += ["", "| ours | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in extras]
@@ -531,8 +539,10 @@ def model_and_flops(checkpoint: Path, corpus, data: PreparedData | None, report:
     info = {"parameters": model.num_parameters(), "src_vocab": model.src_vocab, "tgt_vocab": model.tgt_vocab,
             "config": model.config.to_dict()}
     sentences_per_s = (report["train"] or {}).get("sentences_per_s")
-    flops = flops_report(model.config, model.tgt_vocab, src_lengths, tgt_lengths, sentences_per_s,
-                         report["matmul"]["gflops"])
+    bf16 = (report["train"] or {}).get("amp") == "bf16" and report.get("matmul_bf16")
+    rate = report["matmul_bf16"] if bf16 else report["matmul"]  # the precision training ran its matmuls in
+    flops = flops_report(model.config, model.tgt_vocab, src_lengths, tgt_lengths, sentences_per_s, rate["gflops"])
+    flops["matmul_dtype"] = rate["dtype"]
     return info, flops
 
 
@@ -559,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     log.info("matmul rate: %.1f s of %d^3 torch.mm", args.matmul_seconds, 512)
     report["matmul"] = matmul_rate(args.threads, args.matmul_seconds)
+    report["matmul_bf16"] = matmul_rate(args.threads, args.matmul_seconds, dtype=torch.bfloat16)
 
     data = None
     if args.skip_train:

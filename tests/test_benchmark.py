@@ -80,6 +80,9 @@ def test_tiny_run_writes_the_expected_json(tiny):
     machine = report["machine"]
     assert machine["threads"] == 1 and machine["cores"] >= 1 and machine["cpu_model"] and machine["torch"]
     positive(report["matmul"], "gflops", "calls", "seconds")
+    positive(report["matmul_bf16"], "gflops", "calls", "seconds")
+    assert (report["matmul"]["dtype"], report["matmul_bf16"]["dtype"]) == ("float32", "bfloat16")
+    assert report["train"]["amp"] in ("bf16", "off") and report["train"]["bucketing"] in ("exact", "sorted")
     positive(report["train"], "sentences_per_s", "target_tokens_per_s", "train_seconds", "steps", "sentences",
              "target_tokens", "peak_rss_gib", "padding_overhead")
     assert report["train"]["padding_overhead"] >= 1
@@ -149,3 +152,25 @@ def test_peer_summaries_are_read_with_missing_fields():
     assert figures["bleu_greedy"] == 8.69 and figures["peak_train_gib"] == pytest.approx(1.9)
     assert figures["bleu_beam5"] is None and figures["decode_s_beam5"] is None
     assert bench.peer_figures("opennmt", {})["sentences_per_s"] is None
+
+
+def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
+    """scripts/step_benchmark.py on a tiny synthetic setting: every variant named runs and is reported."""
+    out = tmp_path / "steps.json"
+    tiny = ["data=synthetic", "data.train_size=200", "data.valid_size=10", "data.test_size=10", "data.max_len=6",
+            "tokenizer.vocab_size=60", "model.embed_size=16", "model.encoder_hidden_size=16", "model.hidden_size=32",
+            "trainer.batch_tokens=200", f"paths.data_dir={tmp_path / 'data'}"]
+    cmd = [sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp32-sorted", "bf16-exact-nofeed",
+           "--steps", "2", "--threads", "1", "--data", "", "--out", str(out), "--", *tiny]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert list(report["results"]) == ["fp32-sorted", "bf16-exact-nofeed"]
+    for name, r in report["results"].items():
+        assert r["steps"] == 2 and r["sentences_per_s"] > 0 and r["target_tokens_per_s"] > 0, name
+    assert report["results"]["fp32-sorted"]["ratio"] == 1.0
+    assert report["results"]["bf16-exact-nofeed"]["input_feeding"] is False
+    assert "bf16-exact-nofeed" in proc.stdout
+    bad = subprocess.run([sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp16"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown variant(s) fp16" in bad.stderr

@@ -55,9 +55,13 @@ def _lengths(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.tensor([rng.randint(1, 60) for _ in range(n)]), torch.tensor([rng.randint(1, 60) for _ in range(n)]))
 
 
-def test_sampler_covers_every_example_once_and_respects_the_cap():
+BUCKETINGS = pytest.mark.parametrize("bucketing", TokenBatchSampler.BUCKETINGS)
+
+
+@BUCKETINGS
+def test_sampler_covers_every_example_once_and_respects_the_cap(bucketing):
     src, tgt = _lengths(2000)
-    sampler = TokenBatchSampler(src, tgt, batch_tokens=800, seed=3)
+    sampler = TokenBatchSampler(src, tgt, batch_tokens=800, seed=3, bucketing=bucketing)
     for epoch in range(3):
         batches = sampler.batches(epoch)
         flat = [i for b in batches for i in b]
@@ -67,18 +71,20 @@ def test_sampler_covers_every_example_once_and_respects_the_cap():
             assert len(b) == 1 or len(b) * int(longest[b].max()) <= 800
 
 
-def test_sampler_same_seed_same_order_and_epochs_differ():
+@BUCKETINGS
+def test_sampler_same_seed_same_order_and_epochs_differ(bucketing):
     src, tgt = _lengths(500)
-    a = TokenBatchSampler(src, tgt, 400, seed=7)
-    b = TokenBatchSampler(src, tgt, 400, seed=7)
+    a = TokenBatchSampler(src, tgt, 400, seed=7, bucketing=bucketing)
+    b = TokenBatchSampler(src, tgt, 400, seed=7, bucketing=bucketing)
     assert a.batches(0) == b.batches(0)
     assert a.batches(0) != a.batches(1)
-    assert a.batches(0) != TokenBatchSampler(src, tgt, 400, seed=8).batches(0)
+    assert a.batches(0) != TokenBatchSampler(src, tgt, 400, seed=8, bucketing=bucketing).batches(0)
 
 
-def test_sampler_groups_similar_lengths():
+@BUCKETINGS
+def test_sampler_groups_similar_lengths(bucketing):
     src, tgt = _lengths(3000)
-    batches = TokenBatchSampler(src, tgt, 1000, seed=1).batches(0)
+    batches = TokenBatchSampler(src, tgt, 1000, seed=1, bucketing=bucketing).batches(0)
     split = EncodedSplit([[5] * int(n) for n in src], [[5] * int(n) for n in tgt])
     real, padded = padding_overhead(split, batches)
     random_batches = [list(range(i, min(i + 30, 3000))) for i in range(0, 3000, 30)]
@@ -86,15 +92,30 @@ def test_sampler_groups_similar_lengths():
     assert padded / real < 0.8 * (padded_r / real_r)
 
 
+@BUCKETINGS
 @pytest.mark.parametrize("world", [2, 3])
-def test_sampler_shards_are_disjoint_and_complete(world):
+def test_sampler_shards_are_disjoint_and_complete(world, bucketing):
     src, tgt = _lengths(1000)
-    shards = [TokenBatchSampler(src, tgt, 600, seed=5, rank=r, world_size=world) for r in range(world)]
+    shards = [TokenBatchSampler(src, tgt, 600, seed=5, rank=r, world_size=world, bucketing=bucketing)
+              for r in range(world)]
     per_rank = [s.batches(2) for s in shards]
     assert len({len(p) for p in per_rank}) == 1  # every rank takes the same number of steps
     seen = [i for p in per_rank for b in p for i in b]
     assert sorted(seen) == list(range(1000))  # disjoint and complete
     assert all(len(b) > 0 for p in per_rank for b in p)
+
+
+def test_exact_bucketing_gives_every_batch_one_source_length():
+    src, tgt = _lengths(3000, seed=4)
+    sampler = TokenBatchSampler(src, tgt, 700, seed=2, bucketing="exact")
+    for epoch in range(2):
+        batches = sampler.batches(epoch)
+        assert all(len(set(src[b].tolist())) == 1 for b in batches)
+        # one length per batch costs few extra batches: at most one partly filled batch per source length
+        sorted_batches = TokenBatchSampler(src, tgt, 700, seed=2, bucketing="sorted").batches(epoch)
+        assert len(batches) <= len(sorted_batches) + len(set(src.tolist()))
+    with pytest.raises(ValueError, match="bucketing"):
+        TokenBatchSampler(src, tgt, 700, seed=2, bucketing="random")
 
 
 def test_collate_shifts_target_and_pads():

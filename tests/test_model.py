@@ -384,6 +384,61 @@ def test_teacher_forcing_equals_step_by_step(name, query, options, input_feeding
     assert torch.allclose(weights, torch.stack(step_weights, 1), atol=1e-5)
 
 
+def reference_decoder(model: Seq2Seq, src, lengths, tgt_in):
+    """The decoder loop written the plain way, with nn.LSTM one step at a time and autograd throughout."""
+    dec = model.decoder
+    enc, keys, values, state = model.encode(src, lengths)
+    h, c, feed = state
+    outputs = []
+    for t in range(tgt_in.size(1)):
+        inputs = [dec.embed(tgt_in[:, t])] + ([feed] if dec.input_feeding else [])
+        if dec.query == "previous":
+            inputs.append(model.attention(h[-1][:, None, :], keys, values, enc.mask)[0][:, 0])
+        out, (h, c) = dec.rnn(torch.cat(inputs, dim=-1)[:, None, :], (h, c))
+        if dec.query == "current":
+            context = model.attention(out, keys, values, enc.mask)[0]
+        else:
+            context = inputs[-1][:, None, :]
+        feed = torch.tanh(dec.combine(torch.cat([context, out], dim=-1)))[:, 0]
+        outputs.append(feed)
+    return dec.output(torch.stack(outputs, dim=1))
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("name, query", [("bahdanau", "previous"), ("bahdanau", "current"), ("luong", "current")])
+def test_decoder_loop_and_its_gradients_equal_nn_lstm_step_by_step(name, query, layers):
+    """The decoder's own LSTM step (with every step's weight gradient summed in one matmul) is nn.LSTM."""
+    model = make_model(name, query, decoder_layers=layers)
+    src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2], [3, 2, 5])
+    logits, _ = model(src, lengths, tgt_in)
+    token_loss(logits, tgt_out)[0].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    expected = reference_decoder(model, src, lengths, tgt_in)
+    token_loss(expected, tgt_out)[0].backward()
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-4)
+    for pname, p in model.named_parameters():
+        torch.testing.assert_close(grads[pname], p.grad, atol=1e-5, rtol=1e-4, msg=pname)
+
+
+def test_bf16_autocast_training_step_stays_close_to_fp32():
+    """Under bf16 autocast the loss and gradients follow fp32 (the cell state and the loss stay fp32)."""
+    model = make_model("bahdanau", "current", hidden_size=32, embed_size=16)
+    src, lengths, tgt_in, tgt_out = make_batch([6, 6, 6], [5, 3, 4])
+    results = []
+    for bf16 in (False, True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits, _ = model(src, lengths, tgt_in)
+        loss, n = token_loss(logits, tgt_out)
+        loss.backward()
+        assert all(p.grad.dtype == torch.float32 for p in model.parameters())
+        results.append((float(loss.detach()) / n, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (loss32, grad32), (loss16, grad16) = results
+    assert abs(loss16 - loss32) < 0.02 * loss32
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
 @pytest.mark.parametrize("query", ["previous", "current"])
 def test_query_order_previous_attends_with_the_old_state_current_with_the_new(query):
     """Bahdanau order scores with s_{t-1} (before the LSTM step), Luong order with h_t (after it)."""

@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, metavar="N",
                    help="translate up to N waiting lines together (default 32; the output is the same)")
     p.add_argument("--device", default="auto", help="auto (the default: cuda if any), cpu, cuda, cuda:N")
+    p.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
+                   help="bf16 autocast: auto (the default) uses it where the hardware computes bf16 (CUDA; CPUs "
+                        "with AVX-512 BF16 or AMX), off decodes in fp32")
     p.add_argument("--attention", metavar="DIR", help="write one attention heatmap PNG per input line to DIR")
     p.add_argument("--print-alignment", action="store_true",
                    help="after each translation, print the most attended source piece of every output piece")
@@ -126,7 +129,7 @@ def translate(args: argparse.Namespace) -> None:
     device = resolve_device(args.device, "--device ")
     model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint), device, path=args.checkpoint)
     translator = Translator(model, tokenizer, device, beam_size=args.beam, nbest=args.nbest,
-                            length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio)
+                            length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, amp=args.amp)
     translator.checkpoint = args.checkpoint
     if args.attention:
         try:

@@ -1,0 +1,126 @@
+"""python scripts/step_benchmark.py [--steps 40] [--threads 2] [VARIANT ...] [-- KEY=VALUE ...]
+
+Training-step throughput of the `multi30k_deen` preset under the speed-related settings, one variant after
+another on the same batches, so you can see what each setting buys on your machine:
+
+    python scripts/step_benchmark.py                       # every variant below
+    python scripts/step_benchmark.py fp32-sorted bf16-exact --steps 80
+    python scripts/step_benchmark.py -- data.root=../shared/data/multi30k model.hidden_size=256
+
+Variants (trainer.amp / trainer.bucketing / model.input_feeding):
+    fp32-sorted        off  / sorted / true     the plain baseline
+    fp32-exact         off  / exact  / true
+    bf16-sorted        bf16 / sorted / true
+    bf16-exact         bf16 / exact  / true     the preset's settings on a CPU with bf16 (AVX-512 BF16, AMX)
+    bf16-exact-nofeed  bf16 / exact  / false    the decoder as one nn.LSTM call (a different model)
+
+Each variant builds the model from the same seed, warms up for 3 batches and then times --steps optimizer
+steps (forward, loss, backward, clipping, Adam) of the first batches of epoch 0, without validation or
+logging. It prints sentences/s, target tokens/s and the ratio to the first variant run; --out writes JSON.
+This measures steps only; scripts/benchmark.py measures whole runs, decoding and BLEU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed
+from nmt.data import TokenBatchSampler, collate
+from nmt.model import Seq2Seq, token_loss
+from nmt.trainer import OptimConfig, TrainerConfig
+
+VARIANTS = {  # name: (amp, bucketing, input_feeding)
+    "fp32-sorted": ("off", "sorted", True),
+    "fp32-exact": ("off", "exact", True),
+    "bf16-sorted": ("bf16", "sorted", True),
+    "bf16-exact": ("bf16", "exact", True),
+    "bf16-exact-nofeed": ("bf16", "exact", False),
+}
+WARMUP = 3
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("variants", nargs="*", metavar="VARIANT", help=f"any of {', '.join(VARIANTS)} (default: all)")
+    p.add_argument("--steps", type=int, default=40, help="timed optimizer steps per variant (default 40)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--data", default="../shared/data/multi30k",
+                   help="the Multi30k raw files (data.root); '' when an override picks another corpus")
+    p.add_argument("--out", help="also write the results as JSON to this file")
+    args = p.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    if args.steps < 1 or args.threads < 1:
+        p.error("--steps and --threads must be positive")
+    return args, overrides
+
+
+def time_variant(cfg, data, amp: str, bucketing: str, feeding: bool, steps: int) -> dict:
+    """Sentences/s and target tokens/s over `steps` optimizer steps after a short warm-up."""
+    tcfg, ocfg = typed(TrainerConfig, cfg.trainer, "trainer"), typed(OptimConfig, cfg.optim, "optim")
+    mcfg = build_model_config(cfg.model, cfg.attention)
+    mcfg.input_feeding = feeding
+    torch.manual_seed(cfg.seed)
+    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=ocfg.lr, fused=True)
+    split = data.encoded["train"]
+    sampler = TokenBatchSampler(split.src_lengths, split.tgt_lengths, tcfg.batch_tokens, cfg.seed, bucketing=bucketing)
+    batches = sampler.batches(0)[: WARMUP + steps]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else nullcontext()
+    sentences = tokens = 0
+    start = 0.0
+    for i, indices in enumerate(batches):
+        if i == WARMUP:
+            start = time.perf_counter()
+        batch = collate(split, indices)
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+        loss, n = token_loss(logits, batch.tgt_out, tcfg.label_smoothing)
+        (loss / n).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_norm)
+        optimizer.step()
+        if i >= WARMUP:
+            sentences, tokens = sentences + len(indices), tokens + n
+    seconds = time.perf_counter() - start
+    return {"amp": amp, "bucketing": bucketing, "input_feeding": feeding, "steps": len(batches) - WARMUP,
+            "seconds": round(seconds, 3), "sentences_per_s": round(sentences / seconds, 1),
+            "target_tokens_per_s": round(tokens / seconds, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
+        cfg = compose("train", overrides=["experiment=multi30k_deen", *root, "trainer.progress=false", *overrides])
+    data = load_data(cfg)
+    results, first = {}, None
+    print(f"{'variant':20s} {'sent/s':>8s} {'tok/s':>8s} {'ratio':>6s}")
+    for name in args.variants or list(VARIANTS):
+        r = time_variant(cfg, data, *VARIANTS[name], args.steps)
+        first = first or r["sentences_per_s"]
+        r["ratio"] = round(r["sentences_per_s"] / first, 3)
+        results[name] = r
+        print(f"{name:20s} {r['sentences_per_s']:8.1f} {r['target_tokens_per_s']:8.0f} {r['ratio']:6.2f}", flush=True)
+    if args.out:
+        report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "threads": args.threads,
+                  "overrides": overrides, "torch": torch.__version__, "results": results}
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
