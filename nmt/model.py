@@ -18,6 +18,7 @@ from nmt.encoder import Encoder, EncoderOutput
 from nmt.tokenizer import PAD_ID
 
 MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the code
+LOSS_CHUNK_ROWS = 2048  # target tokens per piece when the loss is computed without gradients
 
 
 @dataclass
@@ -136,8 +137,13 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     Computed in fp32 whatever the autocast dtype.
     """
     V = logits.size(-1)
-    loss = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target.reshape(-1), float(label_smoothing))
-    return loss, int((target != PAD_ID).sum())
+    logits, target = logits.reshape(-1, V), target.reshape(-1)
+    n_real = int((target != PAD_ID).sum())
+    if torch.is_grad_enabled():
+        return _SmoothedCrossEntropy.apply(logits, target, float(label_smoothing)), n_real
+    # no gradient (validation): a few thousand rows at a time, so the fp32 temporaries stay small
+    chunks = zip(logits.split(LOSS_CHUNK_ROWS), target.split(LOSS_CHUNK_ROWS), strict=True)
+    return sum(_SmoothedCrossEntropy.apply(x, y, float(label_smoothing)) for x, y in chunks), n_real
 
 
 def nll_per_token(logits: Tensor, target: Tensor) -> tuple[float, int]:

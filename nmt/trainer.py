@@ -50,7 +50,7 @@ class TrainerConfig:
     clip_norm: float = 1.0
     label_smoothing: float = 0.1
     valid_every: int = 500  # steps; validation also runs at the end
-    valid_batch_tokens: int = 8000
+    valid_batch_tokens: int = 4000
     valid_max_sentences: int | None = None  # validate on the first N sentences only (None: all)
     patience: int = 10  # validations without improvement before stopping (0: never stop early)
     best_metric: str = "bleu"  # bleu | chrf | loss | ppl
@@ -458,6 +458,7 @@ def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch
         with autocast():
             logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
             loss, k = token_loss(logits, batch.tgt_out, 0.0)
+            del logits  # (B, T, V): the largest tensor of validation; not needed while decoding
             results = greedy(model, batch.src, batch.src_lengths)
         nll, tokens = nll + float(loss), tokens + k
         for b, sent in enumerate(idx):

@@ -7,6 +7,7 @@ peer toolkit trained by the recipes in ../shared/peers on the same data, budget 
     python scripts/benchmark.py --peer opennmt --peer joeynmt    # then each peer's recipe, and ratios
     python scripts/benchmark.py --skip-train run/checkpoints/last.pt     # decoding only
     python scripts/benchmark.py --tiny --out /tmp/b.json         # a few seconds on a synthetic task (tests)
+    python scripts/benchmark.py --table old.json                 # re-print an earlier report's table
     python scripts/benchmark.py trainer.batch_tokens=3000 --override model.dropout=0.2
 
 What it measures, in order:
@@ -110,6 +111,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="do not train; decode this checkpoint")
     p.add_argument("--tiny", action="store_true",
                    help="a synthetic task and a tiny model: seconds, for tests")
+    p.add_argument("--table", metavar="JSON", default=None,
+                   help="run nothing: print the table of an earlier report, its peers' figures and the\n"
+                        "floors recomputed from the raw figures it holds (written back with --out)")
     args = p.parse_intermixed_args(argv)
     if args.train_seconds is None:
         args.train_seconds = 3.0 if args.tiny else 720.0
@@ -326,14 +330,25 @@ def translate_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "nmt.cli.translate"]
 
 
-def decode(checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, threads: int,
-           work: Path) -> dict:
-    """Decode-only time in this process and whole-process time of nmt-translate, with BLEU of both outputs."""
-    translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam, length_penalty=1.0)
+def decode_only(checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str,
+                amp: str = "auto") -> tuple[dict, list[str]]:
+    """Translator.translate's seconds and BLEU in this process (amp: the decoding precision, as nmt-translate)."""
+    translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam, length_penalty=1.0, amp=amp)
     start = time.perf_counter()
     results = translator.translate(sources)
-    decode_seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start
     hyps = [r[0].text for r in results]
+    scores = corpus_scores(hyps, references, ter=False)
+    return {"beam": beam, "sentences": len(sources), "precision": translator.settings["precision"],
+            "decode_seconds": round(seconds, 3), "sentences_per_s": round(len(sources) / seconds, 2),
+            "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["signatures"]["bleu"]}, hyps
+
+
+def decode(checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, threads: int,
+           work: Path) -> dict:
+    """Decode-only time in this process and whole-process time of nmt-translate, with BLEU of both outputs;
+    then decode-only again in fp32 (amp=off) when the default precision is bf16, for comparison."""
+    result, hyps = decode_only(checkpoint, sources, references, beam, device)
     (work / f"test_b{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
 
     src_file, out_file = work / "test.src", work / f"test_b{beam}.process.hyp"
@@ -348,13 +363,12 @@ def decode(checkpoint: Path, sources: list[str], references: list[str], beam: in
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
     process_hyps = out_file.read_text(encoding="utf-8").splitlines()
-    scores = corpus_scores(hyps, references, ter=False)
-    return {"beam": beam, "sentences": len(sources), "decode_seconds": round(decode_seconds, 3),
-            "sentences_per_s": round(len(sources) / decode_seconds, 2),
-            "process_seconds": round(process_seconds, 3), "process_command": shlex.join(cmd),
-            "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["signatures"]["bleu"],
-            "process_bleu": corpus_scores(process_hyps, references, ter=False)["bleu"],
-            "process_output_matches": process_hyps == hyps}
+    result.update({"process_seconds": round(process_seconds, 3), "process_command": shlex.join(cmd),
+                   "process_bleu": corpus_scores(process_hyps, references, ter=False)["bleu"],
+                   "process_output_matches": process_hyps == hyps})
+    if result["precision"] != "fp32":
+        result["fp32"] = decode_only(checkpoint, sources, references, beam, device, amp="off")[0]
+    return result
 
 
 # ----------------------------------------------------------------------------------------------- peers
@@ -385,7 +399,9 @@ def peer_figures(name: str, summary: dict) -> dict:
         times = d.get(decode_key) or []
         wall = (d.get("maxrss_mb_wall") or [None, None])[1]
         out[f"bleu_{label}"] = _number(d.get("bleu"))
-        out[f"decode_s_{label}"] = sum(float(t) for t in times) if times else None
+        if name == "opennmt":  # onmt_translate appends to its -log_file: with a reused --work the last is ours
+            times = times[-1:]
+        out[f"decode_s_{label}"] = sum(float(t) for t in times) if times else None  # JoeyNMT: one per chunk
         out[f"process_s_{label}"] = gnu_time_seconds(wall) if isinstance(wall, str) else None
     return out
 
@@ -513,6 +529,12 @@ def format_table(report: dict) -> str:
          fmt(flops["fraction_of_matmul"], ".3f")),
         ("sentences/s at the matmul rate", fmt(flops["sentences_per_s_at_matmul_rate"], ".1f")),
     ]
+    for label in BEAMS:
+        dec = report["decode"][label]
+        if "fp32" in dec:  # the default precision was bf16: the same decode in fp32 beside it
+            extras.append((f"decode {label}, decode only: seconds / BLEU in {dec['precision']} and in fp32",
+                           f"{fmt(dec['decode_seconds'], '.2f')} / {fmt(dec['bleu'], '.2f')} and "
+                           f"{fmt(dec['fp32']['decode_seconds'], '.2f')} / {fmt(dec['fp32']['bleu'], '.2f')}"))
     lines += ["", "| ours | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in extras]
     lines += ["", "| floor (reported, not asserted) | ours | target | met | basis |", "|---|---|---|---|---|"]
     for f in report["floors"]:
@@ -552,8 +574,24 @@ def write_json(report: dict, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
+def retable(path: Path, out: Path | None) -> int:
+    """--table: the table of an earlier report, with peer figures and floors recomputed from its raw data."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    for name, peer in report["peers"].items():
+        if peer.get("ok"):
+            peer["figures"] = peer_figures(name, peer["summary"])
+    report["floors"] = floors(report)
+    if out is not None:
+        write_json(report, out)
+    print(format_table(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table:
+        explicit_out = any(a == "--out" or a.startswith("--out=") for a in (argv if argv is not None else sys.argv))
+        return retable(Path(args.table), Path(args.out) if explicit_out else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     work = Path(args.work or tempfile.mkdtemp(prefix="nmt-benchmark-")).resolve()
     work.mkdir(parents=True, exist_ok=True)

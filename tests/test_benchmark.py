@@ -92,6 +92,9 @@ def test_tiny_run_writes_the_expected_json(tiny):
         assert dec["beam"] == beam and dec["sentences"] == 20
         positive(dec, "decode_seconds", "process_seconds", "sentences_per_s")
         assert 0 <= dec["bleu"] <= 100 and dec["process_output_matches"] is True
+        assert dec["precision"] in ("bf16", "fp32") and ("fp32" in dec) == (dec["precision"] == "bf16")
+        if "fp32" in dec:
+            assert dec["fp32"]["precision"] == "fp32" and 0 <= dec["fp32"]["bleu"] <= 100
     positive(report["flops"], "train_gflop_per_sentence", "achieved_gflops", "fraction_of_matmul",
              "mean_src_pieces", "mean_tgt_pieces")
     positive(report["model"], "parameters")
@@ -174,3 +177,20 @@ def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp16"], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "unknown variant(s) fp16" in bad.stderr
+
+
+def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_path):
+    """A reused --work appends to the peer's decode log: the last time is this run's. --table re-prints."""
+    tmp, _, report = tiny
+    bench = load_benchmark()
+    summary = json.loads(json.dumps(report["peers"]["opennmt"]["summary"]))
+    summary["decode_b5"]["total_translation_secs"] = ["11.8", "10.4"]  # an earlier run's, then this run's
+    assert bench.peer_figures("opennmt", summary)["decode_s_beam5"] == 10.4
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(report))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--table", str(saved), "--out", str(tmp_path / "again.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| training sentences/s (validation excluded) |" in proc.stdout and "| floor" in proc.stdout
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["figures"] == report["figures"] and again["floors"] == report["floors"]
