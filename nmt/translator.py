@@ -69,7 +69,7 @@ class Translator:
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.decoding = Decoding(beam_size, nbest, length_penalty, max_len_ratio, max_len_extra, batch_tokens, amp)
-        # bf16 decoding: 1.2-1.4x faster on a CPU with AMX and the same BLEU (within 0.1 on Multi30k test2016)
+        # bf16 decoding: faster where the hardware has bf16, same BLEU (scripts/benchmark.py compares both)
         self.bf16 = amp == "bf16" or (amp == "auto" and native_bf16(self.device.type))
         self.max_src_pieces = max_src_pieces
         self.checkpoint: str | None = None  # set by from_checkpoint; reported by nmt.evaluation
