@@ -119,9 +119,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         logits, target, lse, real = ctx.saved_tensors
         eps, V = ctx.eps, logits.size(-1)
-        g = logits.float()  # a new fp32 tensor (a copy even when logits are fp32: .float() of fp32 is a view)
-        if g.data_ptr() == logits.data_ptr():
-            g = g.clone()
+        g = logits.to(torch.float32, copy=True)  # a new tensor even for fp32 logits: it is changed in place
         g.sub_(lse[:, None]).exp_()  # softmax
         if eps:
             g.sub_(eps / V)

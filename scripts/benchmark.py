@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="CPU threads for everything, peers included")
     p.add_argument("--matmul-seconds", type=float, default=None,
                    help="length of the matmul measurement (default 3; --tiny: 0.5)")
-    p.add_argument("--out", default="benchmark.json", help="the JSON report")
+    p.add_argument("--out", default=None, help="the JSON report (default benchmark.json; with --table: none)")
     p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
                    help="also run this peer's recipe (repeatable)")
     p.add_argument("--peer-dir", default="../shared/peers", help="folder of the peer scripts")
@@ -590,12 +590,11 @@ def retable(path: Path, out: Path | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
-        explicit_out = any(a == "--out" or a.startswith("--out=") for a in (argv if argv is not None else sys.argv))
-        return retable(Path(args.table), Path(args.out) if explicit_out else None)
+        return retable(Path(args.table), Path(args.out) if args.out else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     work = Path(args.work or tempfile.mkdtemp(prefix="nmt-benchmark-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
+    out = Path(args.out or "benchmark.json")
     cfg, overrides = compose_config(args, work)
     torch.set_num_threads(args.threads)
     device = resolve_device(cfg.device)
