@@ -53,6 +53,9 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: must come before torch)
+
+# isort: split
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -67,6 +70,7 @@ from nmt.cli.common import (
 )
 from nmt.data import PreparedData, padding_overhead
 from nmt.device import resolve_device
+from nmt.memory import tune_allocator, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.trainer import OptimConfig, Trainer, TrainerConfig
@@ -418,7 +422,7 @@ def run_peer(name: str, peer_dir: Path, work: Path, data: Path, train_seconds: f
     script, summary_name = PEERS[name]
     work.mkdir(parents=True, exist_ok=True)
     log_path = work / f"{name}_run.log"
-    env = {**os.environ, "WORK": str(work), "DATA": str(data), "THREADS": str(threads),
+    env = {**untuned_environment(), "WORK": str(work), "DATA": str(data), "THREADS": str(threads),
            "TRAIN_SECONDS": str(int(round(train_seconds)))}
     cmd = ["bash", str(peer_dir / script)]
     log.info("running %s (log: %s)", shlex.join(cmd), log_path)
@@ -602,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
         "args": vars(args), "overrides": overrides, "work": str(work), "machine": machine_info(args.threads),
-        "device": device,
+        "device": device, "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)
     }
     log.info("matmul rate: %.1f s of %d^3 torch.mm", args.matmul_seconds, 512)
     report["matmul"] = matmul_rate(args.threads, args.matmul_seconds)

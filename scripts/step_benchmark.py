@@ -31,6 +31,9 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: must come before torch)
+
+# isort: split
 import torch
 from hydra import compose, initialize_config_dir
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nmt.attention import ATTENTIONS
+from nmt.memory import ENV_DEFAULTS
 from nmt.model import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +31,8 @@ cat > "$WORK/onmt_summary.json" <<JSON
  "train_maxrss_mb_wall": [3788.8, "12:03.51"],
  "decode_b1": {"total_translation_secs": ["3.2"], "maxrss_mb_wall": [900.0, "0:08.10"], "bleu": "32.27"},
  "decode_b5": {"total_translation_secs": ["10.0"], "maxrss_mb_wall": [950.0, "1:15.50"], "bleu": "33.01"},
- "env": {"train_seconds": "$TRAIN_SECONDS", "threads": "$THREADS", "data": "$DATA"}}
+ "env": {"train_seconds": "$TRAIN_SECONDS", "threads": "$THREADS", "data": "$DATA",
+         "thp": "${THP_MEM_ALLOC_ENABLE:-unset}"}}
 JSON
 echo "fake opennmt done"
 """
@@ -49,7 +52,8 @@ def run_benchmark(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, d
     out = tmp / "b.json"
     cmd = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--out", str(out),
            "--work", str(tmp / "work"), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DEFAULTS}  # as a user's shell would start it
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -105,7 +109,10 @@ def test_peers_side_by_side_and_a_failing_peer(tiny):
     _, proc, report = tiny
     onmt = report["peers"]["opennmt"]
     data = str((ROOT / "../shared/data/multi30k").resolve())
-    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data}
+    # the peer runs in the user's environment, without the memory settings our benchmark process took
+    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data,
+                                                      "thp": "unset"}
+    assert report["allocator"]["THP_MEM_ALLOC_ENABLE"] == "1"
     assert onmt["figures"]["process_s_beam5"] == pytest.approx(75.5)
     assert onmt["figures"]["peak_train_gib"] == pytest.approx(3.7)
     joey = report["peers"]["joeynmt"]
