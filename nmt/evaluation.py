@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nmt.errors import DataError
-from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
+from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores, format_number
 
 METRICS = (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter"))  # (label, result key)
 
@@ -99,10 +99,6 @@ def write_outputs(result: dict, out_dir: Path, sources: list[str], hypotheses: l
     json_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def _decoding_line(result: dict) -> str:
     d = result.get("decoding", {})
     kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
@@ -116,9 +112,9 @@ def markdown_report(result: dict) -> str:
     lines = [f"# {result['split']}: {result['sentences']} sentences", "",
              f"checkpoint: `{result.get('checkpoint')}`  ", f"decoding: {_decoding_line(result)}", "",
              "| metric | score | signature |", "|---|---:|---|"]
-    lines += [f"| {name} | {_num(result[key])} | `{sig[key]}` |" for name, key in METRICS]
+    lines += [f"| {name} | {format_number(result[key])} | `{sig[key]}` |" for name, key in METRICS]
     lines += ["", "| source words | sentences | BLEU | chrF |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['bucket']} | {r['n']} | {_num(r['bleu'])} | {_num(r['chrf'])} |"
+    lines += [f"| {r['bucket']} | {r['n']} | {format_number(r['bleu'])} | {format_number(r['chrf'])} |"
               for r in result["by_length"]]
     return "\n".join(lines) + "\n"
 
@@ -129,9 +125,9 @@ def format_report(result: dict) -> str:
     lines = [f"{result['split']}: {result['sentences']} sentences, {_decoding_line(result)}"]
     if result.get("checkpoint"):
         lines.append(f"checkpoint: {result['checkpoint']}")
-    lines += [f"{name:<5} {_num(result[key]):>6}   {result['signatures'][key]}" for name, key in METRICS]
+    lines += [f"{name:<5} {format_number(result[key]):>6}   {result['signatures'][key]}" for name, key in METRICS]
     lines += ["", f"{'source words':<14} {'n':>6} {'BLEU':>7} {'chrF':>7}"]
-    lines += [f"{r['bucket']:<14} {r['n']:>6} {_num(r['bleu']):>7} {_num(r['chrf']):>7}"
+    lines += [f"{r['bucket']:<14} {r['n']:>6} {format_number(r['bleu']):>7} {format_number(r['chrf']):>7}"
               for r in result["by_length"]]
     if result.get("files"):
         lines += ["", f"written to {Path(result['files']['json']).parent}"]

@@ -90,3 +90,8 @@ def bootstrap_bleu(
         values.append(bleu._compute_score_from_stats(stats[idx].sum(0).tolist()).score)
     values.sort()
     return round(score, 2), round(values[int(0.025 * samples)], 2), round(values[int(0.975 * samples) - 1], 2)
+
+
+def format_number(value: float | None, digits: int = 2) -> str:
+    """A score for a table: `digits` decimals, or "-" where there is none."""
+    return "-" if value is None else f"{value:.{digits}f}"

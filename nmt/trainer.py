@@ -28,13 +28,12 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.data import EncodedSplit, PreparedData, TokenBatchSampler, collate, padding_overhead
+from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
 from nmt.device import native_bf16
 from nmt.errors import CheckpointError, NMTError
-from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores
+from nmt.metrics import DEFAULT_EDGES
 from nmt.model import Seq2Seq, token_loss
-from nmt.plotting import attention_figure
-from nmt.search import greedy
+from nmt.validation import evaluate_split
 
 log = logging.getLogger(__name__)
 
@@ -435,58 +434,3 @@ class Trainer:
         if self.is_main:
             (self.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
-
-
-@torch.no_grad()
-def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch.device, batch_tokens: int,
-                   edges: list[int], max_sentences: int | None = None, autocast=nullcontext, heatmaps: int = 0) -> dict:
-    """Teacher-forced loss/perplexity plus greedy BLEU/chrF (overall and by source length) on `split`."""
-    model.eval()
-    encoded: EncodedSplit = data.encoded[split]
-    pairs = data.pairs(split)
-    n = len(encoded) if max_sentences is None else min(max_sentences, len(encoded))
-    order = sorted(range(n), key=lambda i: int(encoded.src_lengths[i]))
-    hyps: list[str] = [""] * n
-    attention: dict[int, torch.Tensor] = {}
-    picks = _heatmap_picks(encoded, n, heatmaps)
-    nll, tokens, i = 0.0, 0, 0
-    while i < len(order):
-        width = int(max(encoded.src_lengths[order[i]], 1))
-        j = i + max(1, batch_tokens // (2 * width))
-        idx = order[i:j]
-        batch = collate(encoded, idx).to(device)
-        with autocast():
-            logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
-            loss, k = token_loss(logits, batch.tgt_out, 0.0)
-            del logits  # (B, T, V): the largest tensor of validation; not needed while decoding
-            results = greedy(model, batch.src, batch.src_lengths)
-        nll, tokens = nll + float(loss), tokens + k
-        for b, sent in enumerate(idx):
-            hyps[sent] = data.tokenizer.decode_tgt(results[b][0].tokens)
-            if sent in picks:
-                attention[sent] = results[b][0]
-        i = j
-    refs = [t for _, t in pairs[:n]]
-    scores = corpus_scores(hyps, refs, ter=False)
-    figures = []
-    for sent in picks:
-        hyp = attention[sent]
-        src_text = pairs[sent][0]
-        labels = data.tokenizer.tgt_pieces(hyp.tokens)
-        labels += ["</s>"] if hyp.attention.size(0) > len(hyp.tokens) else []  # no EOS when cut at the limit
-        figures.append(attention_figure(hyp.attention, data.tokenizer.src_pieces(src_text), labels, title=src_text[:80],
-                                        has_alignment=model.attention.has_alignment))
-    loss = nll / max(tokens, 1)
-    return {"loss": round(loss, 5), "ppl": round(math.exp(min(loss, 50)), 3), "bleu": scores["bleu"],
-            "chrf": scores["chrf"], "by_length": bleu_by_length([s for s, _ in pairs[:n]], hyps, refs, edges),
-            "hypotheses": hyps, "figures": figures}
-
-
-def _heatmap_picks(encoded: EncodedSplit, n: int, k: int) -> list[int]:
-    """k fixed validation sentences spread over lengths (short to long, up to 40 source pieces)."""
-    if k <= 0 or n == 0:
-        return []
-    candidates = sorted((int(encoded.src_lengths[i]), i) for i in range(n) if int(encoded.src_lengths[i]) <= 40)
-    if not candidates:
-        return []
-    return sorted({candidates[int(q * (len(candidates) - 1))][1] for q in [(j + 1) / (k + 1) for j in range(k)]})

@@ -282,7 +282,8 @@ class MeteredTrainer(Trainer):
         return self.elapsed + self.valid_seconds + (time.time() - started) < self.cfg.max_minutes * 60
 
 
-def train(cfg: DictConfig, run_dir: Path, device: str) -> tuple[dict, Path, PreparedData]:
+def train(cfg: DictConfig, run_dir: Path, device: str, trainer_class: type[MeteredTrainer] = MeteredTrainer,
+          ) -> tuple[dict, Path, PreparedData]:
     """Train the composed config in this process; (measurements, last checkpoint, prepared data)."""
     tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
     ocfg = typed(OptimConfig, cfg.optim, "optim")
@@ -294,7 +295,7 @@ def train(cfg: DictConfig, run_dir: Path, device: str) -> tuple[dict, Path, Prep
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
-    trainer = MeteredTrainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg))
+    trainer = trainer_class(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg))
     real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
     log.info("training %s parameters for %.0f s on %d thread(s)", f"{model.num_parameters():,}",
              60 * (tcfg.max_minutes or 0), torch.get_num_threads())

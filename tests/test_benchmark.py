@@ -201,3 +201,20 @@ def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_pat
     assert "| training sentences/s (validation excluded) |" in proc.stdout and "| floor" in proc.stdout
     again = json.loads((tmp_path / "again.json").read_text())
     assert again["figures"] == report["figures"] and again["floors"] == report["floors"]
+
+
+def test_memory_trace_records_every_step(tmp_path):
+    """scripts/memory_trace.py on the benchmark's tiny setting: a row per optimizer step, memory figures > 0."""
+    out = tmp_path / "trace.json"
+    cmd = [sys.executable, str(SCRIPT.parent / "memory_trace.py"), "--tiny", "--seconds", "3", "--threads", "1",
+           "--every", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["steps"] == len(report["trace"]) > 0 and report["end"] == report["trace"][-1]
+    assert all(row["resident"] > 0 for row in report["trace"])
+    assert [row["seconds"] for row in report["trace"]] == sorted(row["seconds"] for row in report["trace"])
+    assert report["peak_resident_mib"] >= max(row["resident"] for row in report["trace"]) - 1
+    if "heap_in_use" in report["end"]:  # glibc
+        assert report["end"]["heap_in_use"] > 0 and report["end"]["heap_free"] >= 0
+    assert f"step {report['steps']}:" in proc.stdout

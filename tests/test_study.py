@@ -28,8 +28,8 @@ from nmt.study import (
     group_runs,
     long_sentence,
     run_study,
-    table_markdown,
 )
+from nmt.study_report import table_markdown
 
 BIN = Path(sys.executable).parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

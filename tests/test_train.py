@@ -161,3 +161,13 @@ def test_multirun_makes_one_run_per_attention(tmp_path, data_dir):
     assert len(runs) == 2
     names = {load_checkpoint(r / "checkpoints" / "best.pt")["model_config"]["attention"] for r in runs}
     assert names == {"none", "luong"}
+
+
+@pytest.mark.parametrize("command", ["nmt-train", "nmt-prepare", "nmt-evaluate"])
+def test_each_hydra_command_has_its_own_help(command):
+    """--help describes the command asked for (nmt-prepare shares nmt-train's config, not its help)."""
+    proc = subprocess.run([str(Path(sys.executable).parent / command), "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"{command}: ")
+    assert "Examples:" in proc.stdout and f"  {command} " in proc.stdout

@@ -49,7 +49,7 @@ def main() -> None:
 
     # nmt-prepare writes no run directory: it only fills the cache under data/
     sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
-                 "hydra/hydra_logging=none"]
+                 "hydra/hydra_logging=none", "hydra/help=nmt_prepare"]
     _main()
 
 

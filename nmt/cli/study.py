@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from nmt.study import table_markdown
+    from nmt.study_report import table_markdown
 
     args = parse_args(argv)
     with user_errors():

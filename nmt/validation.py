@@ -1,0 +1,71 @@
+"""Validation during training: teacher-forced loss and greedy BLEU/chrF on an encoded split.
+
+    metrics = evaluate_split(model, data, "valid", device, batch_tokens=4000, edges=[0, 10, 20, 30])
+
+The trainer calls it at every validation; nmt.evaluation scores a translator on raw text instead (nmt-evaluate,
+nmt-study). Sentences are batched by source length, the loss is computed without label smoothing, and up to
+`heatmaps` fixed sentences spread over lengths come back as attention figures for TensorBoard.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import torch
+
+from nmt.data import EncodedSplit, PreparedData, collate
+from nmt.evaluation import heatmap_picks
+from nmt.metrics import bleu_by_length, corpus_scores
+from nmt.model import Seq2Seq, token_loss
+from nmt.plotting import attention_figure
+from nmt.search import greedy
+
+HEATMAP_MAX_PIECES = 40
+
+
+@torch.no_grad()
+def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch.device, batch_tokens: int,
+                   edges: list[int], max_sentences: int | None = None, autocast=nullcontext, heatmaps: int = 0) -> dict:
+    """Teacher-forced loss/perplexity plus greedy BLEU/chrF (overall and by source length) on `split`."""
+    model.eval()
+    encoded: EncodedSplit = data.encoded[split]
+    pairs = data.pairs(split)
+    n = len(encoded) if max_sentences is None else min(max_sentences, len(encoded))
+    order = sorted(range(n), key=lambda i: int(encoded.src_lengths[i]))
+    hyps: list[str] = [""] * n
+    attention: dict[int, torch.Tensor] = {}
+    # fixed sentences spread over source lengths, the longest of at most 40 pieces included (a readable figure)
+    readable = [x if x <= HEATMAP_MAX_PIECES else 0 for x in encoded.src_lengths[:n].tolist()]
+    picks = heatmap_picks(readable, heatmaps)
+    nll, tokens, i = 0.0, 0, 0
+    while i < len(order):
+        width = int(max(encoded.src_lengths[order[i]], 1))
+        j = i + max(1, batch_tokens // (2 * width))
+        idx = order[i:j]
+        batch = collate(encoded, idx).to(device)
+        with autocast():
+            logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
+            loss, k = token_loss(logits, batch.tgt_out, 0.0)
+            del logits  # (B, T, V): the largest tensor of validation; not needed while decoding
+            results = greedy(model, batch.src, batch.src_lengths)
+        nll, tokens = nll + float(loss), tokens + k
+        for b, sent in enumerate(idx):
+            hyps[sent] = data.tokenizer.decode_tgt(results[b][0].tokens)
+            if sent in picks:
+                attention[sent] = results[b][0]
+        i = j
+    refs = [t for _, t in pairs[:n]]
+    scores = corpus_scores(hyps, refs, ter=False)
+    figures = []
+    for sent in picks:
+        hyp = attention[sent]
+        src_text = pairs[sent][0]
+        labels = data.tokenizer.tgt_pieces(hyp.tokens)
+        labels += ["</s>"] if hyp.attention.size(0) > len(hyp.tokens) else []  # no EOS when cut at the limit
+        figures.append(attention_figure(hyp.attention, data.tokenizer.src_pieces(src_text), labels, title=src_text[:80],
+                                        has_alignment=model.attention.has_alignment))
+    loss = nll / max(tokens, 1)
+    return {"loss": round(loss, 5), "ppl": round(math.exp(min(loss, 50)), 3), "bleu": scores["bleu"],
+            "chrf": scores["chrf"], "by_length": bleu_by_length([s for s, _ in pairs[:n]], hyps, refs, edges),
+            "hypotheses": hyps, "figures": figures}

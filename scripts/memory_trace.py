@@ -1,0 +1,114 @@
+"""python scripts/memory_trace.py [--seconds 240] [--threads 2] [--out FILE] [KEY=VALUE ...]
+
+Where a training run's memory goes, step by step: trains the `multi30k_deen` preset as scripts/benchmark.py
+does (no validation until the end) and after every optimizer step records the process's resident memory
+and, on Linux with glibc, the heap's bytes in use, its free bytes (held by the process but not in use:
+fragmentation) and the bytes in separately mapped blocks:
+
+    python scripts/memory_trace.py --out /tmp/trace.json                  # with nmt/memory.py's settings
+    NMT_TUNE_ALLOCATOR=0 python scripts/memory_trace.py --out /tmp/raw.json   # without them, to compare
+    python scripts/memory_trace.py --seconds 60 trainer.amp=off           # any override of the train config
+
+It prints a line every --every steps and a summary (steps, sentences/s, peak resident memory, and the heap
+in use and free at the end); --out writes the summary and every step's figures as JSON. Memory figures are
+MiB; the peak is ru_maxrss, which includes data preparation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchmark as bench  # noqa: E402  (before torch: it applies nmt/memory.py's settings)
+import torch  # noqa: E402
+
+MIB = 2**20
+ENVIRONMENT = ("NMT_TUNE_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+               "MALLOC_MMAP_THRESHOLD_", "OMP_NUM_THREADS")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def heap_reader():
+    """A function returning (in use, free, mapped) heap MiB, or None where glibc's mallinfo2 is missing."""
+    try:
+        if sys.platform != "linux" or not os.confstr("CS_GNU_LIBC_VERSION"):
+            return None
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2  # glibc >= 2.33
+    except (OSError, ValueError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+
+    def read() -> tuple[float, float, float]:
+        info = mallinfo2()
+        return info.uordblks / MIB, info.fordblks / MIB, info.hblkhd / MIB
+    return read
+
+
+def resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of the train config")
+    p.add_argument("--seconds", type=float, default=240.0, help="training wall-clock budget")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--data", default="../shared/data/multi30k", help="folder of the Multi30k .gz files")
+    p.add_argument("--work", default=None, help="scratch folder (default: a new temporary folder)")
+    p.add_argument("--every", type=int, default=50, help="print a line every this many steps")
+    p.add_argument("--out", default=None, help="write the trace here (JSON)")
+    p.add_argument("--tiny", action="store_true", help="the benchmark's synthetic task and tiny model (tests)")
+    args = p.parse_args(argv)
+    if not Path("/proc/self/statm").exists():
+        p.error("resident memory is read from /proc/self/statm: Linux only")
+    bargs = bench.parse_args(["--train-seconds", str(args.seconds), "--threads", str(args.threads),
+                              "--data", args.data, *(["--tiny"] if args.tiny else []), *args.overrides])
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="nmt-memory-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg, overrides = bench.compose_config(bargs, work)
+    torch.set_num_threads(args.threads)
+    heap = heap_reader()
+    steps: list[dict] = []
+    start = time.perf_counter()
+
+    class TracedTrainer(bench.MeteredTrainer):
+        def _train_step(self, group):
+            out = super()._train_step(group)
+            row = {"seconds": round(time.perf_counter() - start, 2), "resident": round(resident_mib(), 1)}
+            if heap is not None:
+                row.update(zip(("heap_in_use", "heap_free", "mapped"), (round(v, 1) for v in heap()), strict=True))
+            steps.append(row)
+            if len(steps) % args.every == 0:
+                print(f"step {len(steps)}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+            return out
+
+    result, _, _ = bench.train(cfg, work / "run", bench.resolve_device(cfg.device), TracedTrainer)
+    summary = {"command": " ".join([sys.executable, *sys.argv]), "overrides": overrides,
+               "allocator": bench.tune_allocator(),  # what nmt/memory.py set; then the variables as they were
+               "environment": {k: os.environ.get(k) for k in ENVIRONMENT}, "steps": len(steps),
+               "sentences_per_s": result["sentences_per_s"], "peak_resident_mib": round(result["peak_rss_gib"] * 1024),
+               "end": steps[-1] if steps else None}
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps({**summary, "trace": steps}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
