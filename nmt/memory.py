@@ -16,7 +16,7 @@ around long-lived allocations (README, "Performance" names the measurements). Th
 The first two are read by torch and oneDNN when they start, so `tune_allocator()` must run before torch
 is imported; the command-line entry points call it first (nmt/cli/__init__.py). Each setting is a
 default: a variable already in the environment wins (`MALLOC_MMAP_THRESHOLD_` for the third), and
-`NMT_TUNE_ALLOCATOR=0` leaves all three alone. This module must not import torch.
+`NMT_TUNE_ALLOCATOR=0` (or off, false, no) leaves all three alone. This module must not import torch.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _tuned = False
 def tune_allocator() -> dict[str, str]:
     """Apply the settings above (once per process); the environment variables and malloc options it set."""
     global _tuned
-    if _tuned or os.environ.get("NMT_TUNE_ALLOCATOR", "1") == "0":
+    if _tuned or os.environ.get("NMT_TUNE_ALLOCATOR", "1").strip().lower() in ("0", "false", "no", "off"):
         return dict(_applied)
     _tuned = True
     torch_loaded = "torch" in sys.modules
@@ -44,7 +44,7 @@ def tune_allocator() -> dict[str, str]:
         if key not in os.environ and not torch_loaded:  # too late once torch has started: say nothing
             os.environ[key] = value
             _applied[key] = value
-    libc = _glibc()
+    libc = glibc()
     if "MALLOC_MMAP_THRESHOLD_" not in os.environ and libc is not None:
         if libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1:
             _applied["malloc mmap threshold"] = str(MMAP_THRESHOLD)
@@ -57,7 +57,8 @@ def untuned_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not (k in _applied and _applied[k] == v)}
 
 
-def _glibc() -> ctypes.CDLL | None:
+def glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc (Linux), else None."""
     try:
         if sys.platform != "linux" or not os.confstr("CS_GNU_LIBC_VERSION"):
             return None

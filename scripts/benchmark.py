@@ -67,6 +67,7 @@ from nmt.cli.common import (
     load_data,
     plain,
     typed,
+    user_errors,
 )
 from nmt.data import PreparedData, padding_overhead
 from nmt.device import resolve_device
@@ -646,4 +647,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors():  # a missing corpus or a bad override: one line, not a traceback
+        sys.exit(main())

@@ -30,6 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchmark as bench  # noqa: E402  (before torch: it applies nmt/memory.py's settings)
 import torch  # noqa: E402
 
+from nmt.cli.common import user_errors  # noqa: E402
+from nmt.memory import glibc  # noqa: E402
+
 MIB = 2**20
 ENVIRONMENT = ("NMT_TUNE_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
                "MALLOC_MMAP_THRESHOLD_", "OMP_NUM_THREADS")
@@ -43,12 +46,9 @@ class _MallInfo2(ctypes.Structure):
 
 def heap_reader():
     """A function returning (in use, free, mapped) heap MiB, or None where glibc's mallinfo2 is missing."""
-    try:
-        if sys.platform != "linux" or not os.confstr("CS_GNU_LIBC_VERSION"):
-            return None
-        libc = ctypes.CDLL("libc.so.6")
-        mallinfo2 = libc.mallinfo2  # glibc >= 2.33
-    except (OSError, ValueError, AttributeError):
+    libc = glibc()
+    mallinfo2 = getattr(libc, "mallinfo2", None)  # glibc >= 2.33
+    if mallinfo2 is None:
         return None
     mallinfo2.restype = _MallInfo2
 
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write the trace here (JSON)")
     p.add_argument("--tiny", action="store_true", help="the benchmark's synthetic task and tiny model (tests)")
     args = p.parse_args(argv)
+    if args.seconds <= 0 or args.every < 1:
+        p.error("--seconds must be positive and --every at least 1")
     if not Path("/proc/self/statm").exists():
         p.error("resident memory is read from /proc/self/statm: Linux only")
     bargs = bench.parse_args(["--train-seconds", str(args.seconds), "--threads", str(args.threads),
@@ -111,4 +113,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors():  # a missing corpus or a bad override: one line, not a traceback
+        sys.exit(main())

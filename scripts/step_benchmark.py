@@ -37,7 +37,7 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 import torch
 from hydra import compose, initialize_config_dir
 
-from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed
+from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed, user_errors
 from nmt.data import TokenBatchSampler, collate
 from nmt.model import Seq2Seq, token_loss
 from nmt.trainer import OptimConfig, TrainerConfig
@@ -128,4 +128,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with user_errors():  # a missing corpus or a bad override: one line, not a traceback
+        sys.exit(main())

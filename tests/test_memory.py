@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from nmt.memory import ENV_DEFAULTS
 
 PROBE = """
@@ -47,6 +49,7 @@ def test_the_users_values_win():
     assert out["child"]["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"  # the user's own value is passed on
 
 
-def test_the_switch_leaves_everything_alone():
-    out = probe(NMT_TUNE_ALLOCATOR="0")
+@pytest.mark.parametrize("off", ["0", "off", "False"])
+def test_the_switch_leaves_everything_alone(off):
+    out = probe(NMT_TUNE_ALLOCATOR=off)
     assert out["applied"] == {} and out["env"] == {k: None for k in ENV_DEFAULTS}
