@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.attention import Attention
+from nmt.device import run_lstm
 from nmt.encoder import EncoderOutput
 from nmt.stepweight import StepWeight
 from nmt.tokenizer import PAD_ID
@@ -191,7 +192,7 @@ class Decoder(nn.Module):
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         if self.query == "current" and not self.input_feeding:
             # no step depends on the previous step's attention: one LSTM call, then attend everywhere at once
-            out, _ = self.rnn(emb, (state.h, state.c))  # (B, T, H)
+            out, _ = run_lstm(self.rnn, emb, (state.h, state.c))  # (B, T, H)
             context, weights = self.attention(out, keys, values, mask)  # (B, T, D), (B, T, S)
             attn_h = self.dropout(torch.tanh(self.combine(torch.cat([context, out], dim=-1))))  # (B, T, H)
             return self.output(attn_h), weights

@@ -11,6 +11,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from nmt.device import run_lstm
 from nmt.tokenizer import PAD_ID
 
 
@@ -58,7 +59,7 @@ class Encoder(nn.Module):
         x = self.dropout(self.embed(src))  # (B, S, E)
         if int(lengths.min()) == S:
             # every sentence fills the batch: no packing needed (and the faster LSTM kernel applies)
-            states, (h, c) = self.rnn(x)
+            states, (h, c) = run_lstm(self.rnn, x)
         else:
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             packed_states, (h, c) = self.rnn(packed)

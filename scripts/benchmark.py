@@ -41,7 +41,6 @@ import json
 import logging
 import math
 import os
-import platform
 import random
 import resource
 import shlex
@@ -70,7 +69,7 @@ from nmt.cli.common import (
     user_errors,
 )
 from nmt.data import PreparedData, padding_overhead
-from nmt.device import resolve_device
+from nmt.device import describe_machine, resolve_device
 from nmt.memory import tune_allocator, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig, Seq2Seq
@@ -144,20 +143,6 @@ def compose_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, li
 
 
 # -------------------------------------------------------------------------------------------- machine
-def machine_info(threads: int) -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or "unknown"
-    return {"cpu_model": cpu, "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
-            "threads": threads, "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
-
-
 def max_rss_gib(who: int = resource.RUSAGE_SELF) -> float:
     """Peak resident set size in GiB (Linux reports ru_maxrss in KiB); RUSAGE_CHILDREN: the largest child."""
     return resource.getrusage(who).ru_maxrss / 1024**2
@@ -607,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "args": vars(args), "overrides": overrides, "work": str(work), "machine": machine_info(args.threads),
+        "args": vars(args), "overrides": overrides, "work": str(work), "machine": describe_machine(args.threads),
         "device": device, "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)
     }
     log.info("matmul rate: %.1f s of %d^3 torch.mm", args.matmul_seconds, 512)

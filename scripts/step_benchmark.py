@@ -39,6 +39,7 @@ from hydra import compose, initialize_config_dir
 
 from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed, user_errors
 from nmt.data import TokenBatchSampler, collate
+from nmt.device import describe_machine
 from nmt.model import Seq2Seq, token_loss
 from nmt.trainer import OptimConfig, TrainerConfig
 
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:20s} {r['sentences_per_s']:8.1f} {r['target_tokens_per_s']:8.0f} {r['ratio']:6.2f}", flush=True)
     if args.out:
         report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "threads": args.threads,
-                  "overrides": overrides, "torch": torch.__version__, "results": results}
+                  "overrides": overrides, "torch": torch.__version__, "machine": describe_machine(args.threads),
+                  "results": results}
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
 

@@ -83,6 +83,7 @@ def test_tiny_run_writes_the_expected_json(tiny):
     assert "benchmark.py --tiny" in report["command"]
     machine = report["machine"]
     assert machine["threads"] == 1 and machine["cores"] >= 1 and machine["cpu_model"] and machine["torch"]
+    assert machine["cpu_capability"] and isinstance(machine["native_bf16"], bool)  # which CPU kind: in every report
     positive(report["matmul"], "gflops", "calls", "seconds")
     positive(report["matmul_bf16"], "gflops", "calls", "seconds")
     assert (report["matmul"]["dtype"], report["matmul_bf16"]["dtype"]) == ("float32", "bfloat16")
@@ -180,6 +181,7 @@ def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
         assert r["steps"] == 2 and r["sentences_per_s"] > 0 and r["target_tokens_per_s"] > 0, name
     assert report["results"]["fp32-sorted"]["ratio"] == 1.0
     assert report["results"]["bf16-exact-nofeed"]["input_feeding"] is False
+    assert report["machine"]["cpu_model"] and report["machine"]["threads"] == 1
     assert "bf16-exact-nofeed" in proc.stdout
     bad = subprocess.run([sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp16"], capture_output=True,
                          text=True, timeout=60)

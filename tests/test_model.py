@@ -240,6 +240,17 @@ def test_multihead_matches_scaled_dot_product_per_head():
     torch.testing.assert_close(context, expected_context, atol=1e-5, rtol=1e-5)
 
 
+def test_multihead_projections_start_xavier_uniform():
+    """Xavier-uniform, as torch's nn.MultiheadAttention: U(-a, a) with a = sqrt(6 / (fan_in + fan_out)), so the
+    first scores are not flattened by nn.Linear's smaller default (see MultiHeadAttention's docstring)."""
+    att = MultiHeadAttention(256, 128, heads=4)
+    for proj in (att.q_proj, att.k_proj, att.v_proj, att.out_proj):
+        fan_out, fan_in = proj.weight.shape
+        bound = math.sqrt(6 / (fan_in + fan_out))
+        assert float(proj.weight.abs().max()) <= bound
+        assert float(proj.weight.std()) == pytest.approx(bound / math.sqrt(3), rel=0.05)  # U(-a, a): std a/sqrt 3
+
+
 def local_centres(att: LocalAttention, query, lengths):
     """p_t = (len - 1) * sigmoid(v_p^T tanh(W_p s)), per sentence and step."""
     with torch.no_grad():
@@ -421,10 +432,14 @@ def test_decoder_loop_and_its_gradients_equal_nn_lstm_step_by_step(name, query, 
         torch.testing.assert_close(grads[pname], p.grad, atol=1e-5, rtol=1e-4, msg=pname)
 
 
-def test_bf16_autocast_training_step_stays_close_to_fp32():
-    """Under bf16 autocast the loss and gradients follow fp32 (the cell state and the loss stay fp32)."""
-    model = make_model("bahdanau", "current", hidden_size=32, embed_size=16)
-    src, lengths, tgt_in, tgt_out = make_batch([6, 6, 6], [5, 3, 4])
+@pytest.mark.parametrize("src_lengths", [[6, 6, 6], [6, 4, 2]], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
+def test_bf16_autocast_training_step_stays_close_to_fp32(input_feeding, src_lengths):
+    """Under bf16 autocast the loss and gradients follow fp32 (the cell state and the loss stay fp32), on
+    every CPU: with bf16 hardware or without it (where nn.LSTM runs in fp32, see nmt.device.run_lstm), on
+    both encoder paths (one source length: unpacked; several: packed) and both decoder paths."""
+    model = make_model("bahdanau", "current", hidden_size=32, embed_size=16, input_feeding=input_feeding)
+    src, lengths, tgt_in, tgt_out = make_batch(src_lengths, [5, 3, 4])
     results = []
     for bf16 in (False, True):
         model.zero_grad()
@@ -437,6 +452,40 @@ def test_bf16_autocast_training_step_stays_close_to_fp32():
     (loss32, grad32), (loss16, grad16) = results
     assert abs(loss16 - loss32) < 0.02 * loss32
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
+def test_lstm_without_bf16_hardware_runs_in_fp32_under_autocast(monkeypatch):
+    """Where oneDNN has no bf16 LSTM kernel (CPUs without AVX-512 BF16 or AMX), run_lstm pauses autocast:
+    the result is the fp32 LSTM's, exactly; elsewhere it is the LSTM called as it is."""
+    from nmt import device
+
+    lstm = nn.LSTM(EMBED, HIDDEN, batch_first=True)
+    x, state = torch.randn(3, 5, EMBED), (torch.randn(1, 3, HIDDEN), torch.randn(1, 3, HIDDEN))
+    fp32, _ = lstm(x, state)
+    monkeypatch.setattr(device, "native_bf16", lambda device_type: False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, (h, c) = device.run_lstm(lstm, x, tuple(s.to(torch.bfloat16) for s in state))
+    assert out.dtype == h.dtype == c.dtype == torch.float32
+    torch.testing.assert_close(out, lstm(x, tuple(s.to(torch.bfloat16).float() for s in state))[0])
+    assert torch.equal(device.run_lstm(lstm, x, state)[0], fp32)  # outside autocast: the plain call
+
+
+def test_one_seed_gives_every_attention_the_same_encoder_decoder_and_embeddings():
+    """The attention draws from its own random stream, so under one seed only its own parameters differ
+    between runs of the bottleneck study (decoders of the same shape: same query order and input feeding)."""
+    weights = {}
+    for name, query, options in (v.values for v in VARIANTS if v.values[1] == "current"):
+        options = {**options, "heads": 2} if name == "multihead" else options  # 2 heads divide D = 10
+        torch.manual_seed(7)
+        model = make_model(name, query, options, hidden_size=ENC_SIZE)  # dot needs hidden == D: give all that
+        weights[(name, str(options))] = {k: v for k, v in model.state_dict().items() if ".attention." not in k}
+    first, *rest = weights.values()
+    assert len(rest) >= 4
+    for key, other in weights.items():
+        assert other.keys() == first.keys(), key
+        assert all(torch.equal(first[k], other[k]) for k in first), key
+    torch.manual_seed(8)
+    assert not torch.equal(make_model("none", hidden_size=ENC_SIZE).encoder.embed.weight, first["encoder.embed.weight"])
 
 
 @pytest.mark.parametrize("query", ["previous", "current"])
