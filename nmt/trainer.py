@@ -50,7 +50,7 @@ class TrainerConfig:
     label_smoothing: float = 0.1
     valid_every: int = 500  # steps; validation also runs at the end
     valid_batch_tokens: int = 4000
-    valid_max_sentences: int | None = None  # validate on the first N sentences only (None: all)
+    valid_max_sentences: int | None = None  # validate on N sentences spread over the split (None: all)
     patience: int = 10  # validations without improvement before stopping (0: never stop early)
     best_metric: str = "bleu"  # bleu | chrf | loss | ppl
     log_every: int = 50
@@ -387,9 +387,11 @@ class Trainer:
                  **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")}, "by_length": metrics["by_length"]}
         self.history.append(entry)
         if self.plateau:
+            before = [g["lr"] for g in self.optimizer.param_groups]
             self.plateau.step(metric)
-            for g in self.optimizer.param_groups:
-                g["base_lr"] = g["lr"]
+            for g, lr in zip(self.optimizer.param_groups, before, strict=True):
+                if g["lr"] < lr:  # cut: cut the base rate alike (during warmup g["lr"] is only a part of it)
+                    g["base_lr"] *= g["lr"] / lr
         if improved:
             self.bad_validations = 0
             self.best = {"metric": self.cfg.best_metric, "value": metric, "step": self.step, "epoch": self.epoch,

@@ -24,6 +24,14 @@ from nmt.search import greedy
 HEATMAP_MAX_PIECES = 40
 
 
+def spread(n: int, count: int | None) -> list[int]:
+    """`count` indices spread evenly over range(n) (all of them when count is None or >= n), so a capped
+    validation samples the whole split (on the Bible: every book, not Genesis alone)."""
+    if count is None or count >= n:
+        return list(range(n))
+    return [i * n // count for i in range(count)]
+
+
 @torch.no_grad()
 def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch.device, batch_tokens: int,
                    edges: list[int], max_sentences: int | None = None, autocast=nullcontext, heatmaps: int = 0) -> dict:
@@ -31,19 +39,19 @@ def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch
     model.eval()
     encoded: EncodedSplit = data.encoded[split]
     pairs = data.pairs(split)
-    n = len(encoded) if max_sentences is None else min(max_sentences, len(encoded))
-    order = sorted(range(n), key=lambda i: int(encoded.src_lengths[i]))
-    hyps: list[str] = [""] * n
+    chosen = spread(len(encoded), max_sentences)  # indices into the split, in corpus order
+    order = sorted(range(len(chosen)), key=lambda i: int(encoded.src_lengths[chosen[i]]))
+    hyps: list[str] = [""] * len(chosen)
     attention: dict[int, torch.Tensor] = {}
     # fixed sentences spread over source lengths, the longest of at most 40 pieces included (a readable figure)
-    readable = [x if x <= HEATMAP_MAX_PIECES else 0 for x in encoded.src_lengths[:n].tolist()]
+    readable = [x if x <= HEATMAP_MAX_PIECES else 0 for x in encoded.src_lengths[chosen].tolist()]
     picks = heatmap_picks(readable, heatmaps)
     nll, tokens, i = 0.0, 0, 0
     while i < len(order):
-        width = int(max(encoded.src_lengths[order[i]], 1))
+        width = int(max(encoded.src_lengths[chosen[order[i]]], 1))
         j = i + max(1, batch_tokens // (2 * width))
         idx = order[i:j]
-        batch = collate(encoded, idx).to(device)
+        batch = collate(encoded, [chosen[c] for c in idx]).to(device)
         with autocast():
             logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
             loss, k = token_loss(logits, batch.tgt_out, 0.0)
@@ -55,7 +63,8 @@ def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch
             if sent in picks:
                 attention[sent] = results[b][0]
         i = j
-    refs = [t for _, t in pairs[:n]]
+    pairs = [pairs[k] for k in chosen]
+    refs = [t for _, t in pairs]
     scores = corpus_scores(hyps, refs, ter=False)
     figures = []
     for sent in picks:
@@ -67,5 +76,5 @@ def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch
                                         has_alignment=model.attention.has_alignment))
     loss = nll / max(tokens, 1)
     return {"loss": round(loss, 5), "ppl": round(math.exp(min(loss, 50)), 3), "bleu": scores["bleu"],
-            "chrf": scores["chrf"], "by_length": bleu_by_length([s for s, _ in pairs[:n]], hyps, refs, edges),
+            "chrf": scores["chrf"], "by_length": bleu_by_length([s for s, _ in pairs], hyps, refs, edges),
             "hypotheses": hyps, "figures": figures}

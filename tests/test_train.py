@@ -171,3 +171,64 @@ def test_each_hydra_command_has_its_own_help(command):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"{command}: ")
     assert "Examples:" in proc.stdout and f"  {command} " in proc.stdout
+
+
+# ------------------------------------------------------------------------- schedules and validation, in process
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    from nmt.corpora import load_synthetic
+    from nmt.data import TokenizerSettings, prepare
+
+    corpus = load_synthetic(seed=2, train_size=300, valid_size=40, test_size=10, min_len=3, max_len=8,
+                            test_min_len=3, test_max_len=8, vocab_words=20)
+    return prepare(corpus, TokenizerSettings(vocab_size=60), 60, tmp_path_factory.mktemp("tiny"))
+
+
+def tiny_model(data):
+    from nmt.model import ModelConfig, Seq2Seq
+
+    config = ModelConfig(embed_size=8, encoder_hidden_size=8, hidden_size=16)
+    return Seq2Seq(config, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
+
+
+def test_a_plateau_cut_during_warmup_cuts_the_full_rate(tiny_data, tmp_path, monkeypatch):
+    """Validations during warmup that do not improve cut the *base* rate by the plateau factor; the warmup
+    keeps scaling it. (The partly warmed-up rate must not become the base rate for good.)"""
+    from nmt import trainer as trainer_module
+    from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+
+    bleu = iter([10.0, 5.0, 5.0, 12.0])  # validations at steps 5, 10, 15, 20: better, worse, worse, better
+
+    def fake_validation(model, data, split, *args, **kwargs):
+        value = next(bleu)
+        return {"loss": 1.0, "ppl": 2.7, "bleu": value, "chrf": value, "by_length": [], "hypotheses": [],
+                "figures": []}
+
+    monkeypatch.setattr(trainer_module, "evaluate_split", fake_validation)
+    torch.manual_seed(0)
+    model = tiny_model(tiny_data)
+    optim = OptimConfig(lr=0.01, schedule="plateau", warmup_steps=100, plateau_factor=0.5, plateau_patience=0)
+    config = TrainerConfig(progress=False, max_steps=20, max_epochs=None, valid_every=5, batch_tokens=200,
+                           heatmaps=0, patience=0, log_every=5, amp="off")
+    trainer = Trainer(model, tiny_data, config, optim, tmp_path, device="cpu", seed=1)
+    trainer.train()
+    group = trainer.optimizer.param_groups[0]
+    assert group["base_lr"] == pytest.approx(0.01 * 0.5**2)  # two cuts, each of the full rate
+    lrs = {h["step"]: h["lr"] for h in load_checkpoint(tmp_path / "checkpoints" / "last.pt")["history"]
+           if h["kind"] == "train"}
+    assert lrs[20] == pytest.approx(0.01 * 0.5**2 * 20 / 100, rel=1e-3)  # still warming up, from the cut base
+
+
+def test_a_capped_validation_spreads_over_the_split(tiny_data):
+    """valid_max_sentences=N scores N sentences spread over the split, not its first N."""
+    from nmt.validation import evaluate_split, spread
+
+    assert spread(10, None) == spread(10, 10) == spread(10, 12) == list(range(10))
+    assert spread(40, 4) == [0, 10, 20, 30] and len(set(spread(41, 7))) == 7
+    model = tiny_model(tiny_data)
+    metrics = evaluate_split(model, tiny_data, "valid", torch.device("cpu"), 400, [0, 5, 100], max_sentences=4)
+    assert len(metrics["hypotheses"]) == 4 and sum(row["n"] for row in metrics["by_length"]) == 4
+    sources = [s for s, _ in tiny_data.pairs("valid")]
+    by_length = sorted(len(sources[i].split()) for i in spread(len(sources), 4))
+    short = sum(n < 5 for n in by_length)
+    assert [row["n"] for row in metrics["by_length"]] == [short, len(by_length) - short, 0]
