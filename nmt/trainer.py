@@ -103,11 +103,10 @@ class Trainer:
                 min_lr=optim.min_lr)
         elif optim.schedule not in ("constant", "warmup"):
             raise NMTError(f"optim.schedule must be constant, warmup or plateau, not {optim.schedule!r}")
-        self.train_split = data.encoded["train"]
         if config.bucketing not in TokenBatchSampler.BUCKETINGS:
             raise NMTError(f"trainer.bucketing must be exact or sorted, not {config.bucketing!r}")
-        self.sampler = TokenBatchSampler(self.train_split.src_lengths, self.train_split.tgt_lengths,
-                                         config.batch_tokens, seed, True, rank, world_size, bucketing=config.bucketing)
+        self._split_epoch: int | None = None
+        self._use_epoch(0)
         if config.amp not in ("auto", "bf16", "off"):
             raise NMTError(f"trainer.amp must be auto, bf16 or off, not {config.amp!r}")
         amp = config.amp if config.amp != "auto" else ("bf16" if native_bf16(self.device.type) else "off")
@@ -307,8 +306,18 @@ class Trainer:
         dist.all_reduce(t)
         return bool(t.item())
 
+    def _use_epoch(self, epoch: int) -> None:
+        """Set the training examples (new verse windows each epoch, else always the same) and their sampler."""
+        if self._split_epoch is not None and (self.data.corpus.window <= 1 or self._split_epoch == epoch):
+            return
+        self.train_split, self._split_epoch = self.data.train_split(epoch, self.seed), epoch
+        self.sampler = TokenBatchSampler(self.train_split.src_lengths, self.train_split.tgt_lengths,
+                                         self.cfg.batch_tokens, self.seed, True, self.rank, self.world_size,
+                                         bucketing=self.cfg.bucketing)
+
     def _groups(self, epoch: int) -> list[list[list[int]]]:
         """This rank's batches of `epoch`, grouped `accumulate` at a time, with each group's global target tokens."""
+        self._use_epoch(epoch)
         local = self.sampler.batches(epoch)
         glob = self.sampler.global_batches(epoch) if self.world_size > 1 else local
         n = self.cfg.accumulate

@@ -464,3 +464,46 @@ def test_synthetic_is_fast():
 def test_synthetic_bad_lengths():
     with pytest.raises(DataError, match="min_len"):
         load_synthetic(min_len=5, max_len=2)
+
+
+@pytest.fixture(scope="module")
+def bible_windows():
+    return load_bible(window=3)
+
+
+def test_bible_windows_keep_the_single_verse_splits_and_add_one_set_per_k(bible, bible_windows):
+    for name in ("train", "valid", "test"):
+        assert bible_windows.splits[name] == bible.splits[name]
+        assert len(bible_windows.chapters[name]) == len(bible.splits[name])
+    assert bible_windows.window == 3 and bible.window == 1 and "test_k1" not in bible.splits
+    assert set(bible_windows.splits) == {"train", "valid", "test"} | {f"{s}_k{k}" for s in ("valid", "test")
+                                                                         for k in (1, 2, 3)}
+
+
+def test_bible_window_sets_hold_the_same_words_with_longer_inputs(bible_windows):
+    """Every k-set of a held-out split has the same reference words in the same order; only the number of
+    verses per input grows (the last window of a chapter takes what is left)."""
+    for split in ("valid", "test"):
+        verses = bible_windows.splits[split]
+        assert bible_windows.splits[f"{split}_k1"] == verses
+        words = {side: " ".join(p[side] for p in verses).split() for side in (0, 1)}
+        sizes = []
+        for k in (1, 2, 3):
+            windows = bible_windows.splits[f"{split}_k{k}"]
+            for side in (0, 1):
+                assert " ".join(p[side] for p in windows).split() == words[side], (split, k)
+            sizes.append(len(windows))
+            chapters = len(set(bible_windows.chapters[split]))
+            assert len(verses) / k <= len(windows) <= len(verses) / k + chapters  # one short window per chapter
+        assert sizes[0] > sizes[1] > sizes[2]
+
+
+def test_verse_windows_stay_inside_a_chapter():
+    pairs = [(f"s{i}", f"t{i}") for i in range(7)]
+    assert corpora.verse_windows(pairs, [1, 1, 1, 2, 2, 2, 2], 2) == [
+        ("s0 s1", "t0 t1"), ("s2", "t2"), ("s3 s4", "t3 t4"), ("s5 s6", "t5 t6")]
+
+
+def test_bible_window_must_be_positive():
+    with pytest.raises(DataError, match="data.window=0"):
+        load_bible(window=0)

@@ -160,3 +160,45 @@ def test_length_filter_applies_to_train_only(tmp_path):
     # the kept indices map encoded rows back to their text
     s, t = data.pairs("train")[0]
     assert data.tokenizer.decode_tgt(data.encoded["train"].target(0).tolist()) == t
+
+
+# --------------------------------------------------------------------------------------------- verse windows
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A synthetic corpus dressed as chapters of 1-9 verses, with windows of up to 3 verses."""
+    corpus = load_synthetic(seed=4, train_size=400, valid_size=20, test_size=20, min_len=2, max_len=6,
+                            test_min_len=2, test_max_len=6, vocab_words=30)
+    rng = random.Random(0)
+    chapters = []
+    while len(chapters) < 400:
+        chapters += [len(chapters) + 1] * rng.randint(1, 9)
+    corpus.chapters, corpus.window = {"train": chapters[:400]}, 3
+    return prepare(corpus, TokenizerSettings(vocab_size=70), 100, tmp_path_factory.mktemp("windows"), progress=False)
+
+
+def test_windows_cover_every_verse_once_per_epoch_within_chapters(windowed):
+    chapters = windowed.corpus.chapters["train"]
+    verses = windowed.encoded["train"]
+    texts = windowed.pairs("train")
+    splits = [windowed.train_split(epoch, seed=5) for epoch in (0, 1)]
+    for split in splits:
+        joined = [windowed.tokenizer.src.decode(split.source(i).tolist()[:-1]) for i in range(len(split))]
+        assert " ".join(joined).split() == " ".join(s for s, _ in texts).split()  # every verse once, in order
+        assert len(verses) / 3 <= len(split) < len(verses)
+        # a window's pieces are those of its verses' text joined with a space, with one EOS at the end
+        start = 0
+        for i in range(len(split)):
+            n = next(n for n in range(1, 4) if " ".join(s for s, _ in texts[start:start + n]) == joined[i])
+            assert len(set(chapters[start:start + n])) == 1  # one chapter
+            text = [" ".join(s for s, _ in texts[start:start + n]), " ".join(t for _, t in texts[start:start + n])]
+            assert split.source(i).tolist() == windowed.tokenizer.encode_src([text[0]])[0]
+            assert split.target(i).tolist() == windowed.tokenizer.encode_tgt([text[1]])[0]
+            start += n
+    assert splits[0].src.tolist() != splits[1].src.tolist() or len(splits[0]) != len(splits[1])  # drawn anew
+    assert windowed.train_split(1, seed=5).src.tolist() == splits[1].src.tolist()  # the same seed: the same
+
+
+def test_without_windows_every_epoch_trains_on_the_encoded_pairs(tmp_path):
+    corpus = load_synthetic(seed=4, train_size=50, valid_size=5, test_size=5, vocab_words=10)
+    data = prepare(corpus, TokenizerSettings(vocab_size=40), 100, tmp_path, progress=False)
+    assert data.train_split(0, 1) is data.train_split(3, 1) is data.encoded["train"]

@@ -9,11 +9,11 @@ then translates held-out sentences with greedy search:
 
 Every model trains in fp32 (`amp="off"`): a learned score must not depend on whether the CPU has bf16.
 fp32 kernels still round differently from CPU to CPU, so the floors sit 8-10 BLEU under the lowest of
-five model seeds (0-4; the tests use seed 0), measured in fp32 with one thread, 600 steps each: greedy valid
-BLEU luong 93.7-98.5 (exact match 0.87-0.95), bahdanau 93.0-98.9, multihead 91.4-95.8, local 90.5-96.2,
-none 32-35; test BLEU none 6.8-8.8, luong 62.6-72.9. At 400 steps most were still climbing steeply and
-single seeds fell near 80. About 2.5 minutes of CPU time in all (wall time grows when other jobs share
-the cores).
+five model seeds (0-4; the tests use seed 0), measured in fp32 with one thread, 600 steps each. Greedy
+valid BLEU: luong 93.7-98.5 (exact match 0.87-0.95), bahdanau 93.0-98.9, multihead 91.4-95.8, local
+90.5-96.2, none (RNNencdec, its config's default) 32-37. Test BLEU: none 6.4-9.3, luong 62.6-72.9.
+At 400 steps most were still climbing steeply and single seeds fell near 80. About 2.5 minutes of CPU
+time in all (wall time grows when other jobs share the cores).
 """
 
 from __future__ import annotations

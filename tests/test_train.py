@@ -232,3 +232,39 @@ def test_a_capped_validation_spreads_over_the_split(tiny_data):
     by_length = sorted(len(sources[i].split()) for i in spread(len(sources), 4))
     short = sum(n < 5 for n in by_length)
     assert [row["n"] for row in metrics["by_length"]] == [short, len(by_length) - short, 0]
+
+
+def test_verse_windows_train_and_resume_exactly(tmp_path):
+    """With data.window > 1 every epoch trains on new windows; a run stopped after epoch 1 and resumed
+    ends with the same weights and losses as one that was never stopped (fp32, one thread)."""
+    import random as random_module
+
+    from nmt.corpora import load_synthetic
+    from nmt.data import TokenizerSettings, prepare
+    from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+
+    corpus = load_synthetic(seed=3, train_size=240, valid_size=10, test_size=5, min_len=2, max_len=5,
+                            test_min_len=2, test_max_len=5, vocab_words=15)
+    rng = random_module.Random(1)
+    chapters = []
+    while len(chapters) < 240:
+        chapters += [len(chapters) + 1] * rng.randint(2, 8)
+    corpus.chapters, corpus.window = {"train": chapters[:240]}, 3
+    data = prepare(corpus, TokenizerSettings(vocab_size=40), 100, tmp_path / "data", progress=False)
+
+    def run(run_dir, epochs, resume=None):
+        torch.manual_seed(0)
+        config = TrainerConfig(progress=False, max_steps=None, max_epochs=epochs, valid_every=1000, batch_tokens=150,
+                               heatmaps=0, patience=0, log_every=1, amp="off", resume=resume, threads=1)
+        trainer = Trainer(tiny_model(data), data, config, OptimConfig(lr=0.01), run_dir, device="cpu", seed=2)
+        trainer.train()
+        return trainer
+
+    whole = run(tmp_path / "whole", 2)
+    assert len(whole.train_split) < len(data.encoded["train"])  # windows, not single verses
+    run(tmp_path / "split", 1)
+    resumed = run(tmp_path / "split", 2, resume=str(tmp_path / "split" / "checkpoints" / "last.pt"))
+    assert train_losses(tmp_path / "split" / "checkpoints" / "last.pt") == train_losses(
+        tmp_path / "whole" / "checkpoints" / "last.pt")
+    assert all(torch.equal(a, b) for a, b in zip(resumed.module.state_dict().values(),
+                                                  whole.module.state_dict().values(), strict=True))
