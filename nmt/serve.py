@@ -1,0 +1,210 @@
+"""Several checkpoints side by side: load them once, translate one text with all of them (nmt-serve's core).
+
+    models = load_models(["none/best.pt", "luong/best.pt"], device="cpu")
+    reply = translate_all(models, "ein kleiner Test .", beam=5, limits=Limits())
+    reply["results"][1]["weights"]        # (len(tgt_pieces), len(src_pieces)) nested lists
+
+Each model has a lock: a model translates one request at a time, while different models (and so the
+checkpoints of one request) may run side by side in threads. Inputs are bounded before any model runs:
+a text over `Limits.max_chars` characters is cut there, a source over `Limits.max_pieces` pieces is cut
+by the Translator to that many (EOS kept), and both cuts are reported as notes in the reply. Nothing here
+knows about HTTP (nmt/serve_app.py); the HTML page is drawn by nmt/serve_page.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.errors import NMTError
+from nmt.model import Seq2Seq
+from nmt.tokenizer import Tokenizer
+from nmt.translator import Translator
+
+WEIGHT_DIGITS = 4  # decimals of the attention weights in replies (the page shows the same values)
+
+
+class RequestError(NMTError):
+    """A request the server refuses, with the HTTP status to answer and a message saying what to send."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for; each bound has a command-line option in nmt-serve."""
+
+    max_chars: int = 1000  # characters of text; longer texts are cut here (with a note)
+    max_pieces: int = 100  # source pieces, EOS included; longer sources are cut (with a note)
+    max_beam: int = 10
+    max_body: int = 65536  # bytes of a request body
+    timeout: float = 60.0  # seconds one request may take, waiting for busy models included
+    max_pending: int = 16  # requests being translated at once; more are answered 503
+
+
+@dataclass
+class ServedModel:
+    """One loaded checkpoint: model, tokenizer, its label and settings, and the lock that serialises it."""
+
+    index: int
+    path: str
+    label: str
+    settings: dict
+    model: Seq2Seq
+    tokenizer: Tokenizer
+    device: str
+    amp: str = "auto"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _translators: dict[tuple[int, int], Translator] = field(default_factory=dict)
+
+    @property
+    def has_alignment(self) -> bool:
+        return bool(self.model.attention.has_alignment)
+
+    def translator(self, beam: int, max_pieces: int) -> Translator:
+        """A Translator for these decoding settings (they share the model; call with the lock held)."""
+        key = (beam, max_pieces)
+        if key not in self._translators:
+            self._translators[key] = Translator(self.model, self.tokenizer, self.device, beam_size=beam,
+                                                amp=self.amp, max_src_pieces=max_pieces)
+        return self._translators[key]
+
+    def translate(self, text: str, beam: int, max_pieces: int) -> dict:
+        """The best translation of `text` as plain values (see `translate_all`), under this model's lock."""
+        with self.lock:
+            start = time.perf_counter()
+            n_pieces = len(self.tokenizer.encode_src([text])[0]) if text.strip() else 0
+            best = self.translator(beam, max_pieces).translate([text])[0][0]
+            seconds = time.perf_counter() - start
+        note = None
+        if n_pieces > max_pieces:
+            note = (f"the text has {n_pieces} source pieces for this model, over the limit of {max_pieces}; "
+                    f"translated its first {max_pieces - 1} (and the end-of-sentence piece)")
+        weights = [[round(w, WEIGHT_DIGITS) for w in row] for row in best.attention.tolist()]
+        return {"model": self.index, "label": self.label, "checkpoint": self.path, "hypothesis": best.text,
+                "src_pieces": best.src_pieces, "tgt_pieces": best.tgt_pieces, "weights": weights,
+                "has_alignment": self.has_alignment, "time": round(seconds, 4), "note": note}
+
+    def describe(self) -> dict:
+        """The label and settings, for GET /api/models."""
+        return {"index": self.index, "label": self.label, "checkpoint": self.path,
+                "has_alignment": self.has_alignment, "settings": self.settings}
+
+
+def attention_label(model_config: dict) -> str:
+    """A short name of the attention and its settings, e.g. "luong (general, current query, input feeding)"."""
+    name = str(model_config.get("attention", "?"))
+    parts: list[str] = []
+    if name == "none":
+        parts.append("fixed sentence vector")
+    elif name == "bahdanau":
+        parts.append("additive")
+    for key, value in dict(model_config.get("attention_options") or {}).items():
+        if value is None:
+            continue
+        if key == "score":
+            parts.append(str(value))
+        elif key == "heads":
+            parts.append(f"{value} heads")
+        elif key == "window":
+            parts.append(f"window {value}")
+        elif key == "hidden_size":
+            parts.append(f"size {value}")
+        else:
+            parts.append(f"{key} {value}")
+    if name != "none":
+        parts.append(f"{model_config.get('attention_query', 'current')} query")
+    parts.append("input feeding" if model_config.get("input_feeding", True) else "no input feeding")
+    return f"{name} ({', '.join(parts)})"
+
+
+def model_settings(payload: dict, model: Seq2Seq) -> dict:
+    """What a checkpoint says about itself that helps to compare it: attention, sizes, corpus, step, BLEU."""
+    config = payload.get("config") if isinstance(payload.get("config"), dict) else {}
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    best = payload.get("best") if isinstance(payload.get("best"), dict) else {}
+    mc = dict(payload["model_config"])
+    settings = {
+        "attention": mc.get("attention"), "attention_query": mc.get("attention_query"),
+        "attention_options": mc.get("attention_options") or {}, "input_feeding": mc.get("input_feeding"),
+        "embed_size": mc.get("embed_size"), "encoder_hidden_size": mc.get("encoder_hidden_size"),
+        "hidden_size": mc.get("hidden_size"), "bidirectional": mc.get("bidirectional"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "corpus": data.get("name"), "step": payload.get("step"),
+    }
+    if best.get("metric") and best.get("value") is not None:
+        settings["best_valid"] = {"metric": best["metric"], "value": best["value"], "step": best.get("step")}
+    return settings
+
+
+def load_models(paths: list[str], device: str = "cpu", amp: str = "auto") -> tuple[list[ServedModel], dict]:
+    """Load every checkpoint (a CheckpointError names the file that cannot be used); also the first
+    checkpoint's payload, for the example sentences (nmt.serve_examples)."""
+    models: list[ServedModel] = []
+    first: dict = {}
+    for i, path in enumerate(paths):
+        payload = load_checkpoint(path)
+        model, tokenizer = model_from_checkpoint(payload, device, path=path)
+        if i == 0:
+            first = payload
+        models.append(ServedModel(i, str(path), attention_label(payload["model_config"]),
+                                  model_settings(payload, model), model, tokenizer, device, amp))
+    return models, first
+
+
+def clean_text(text: str, limits: Limits) -> tuple[str, list[str]]:
+    """`text` made safe to encode (lone surrogates become U+FFFD) and cut to max_chars; the notes to show."""
+    text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if not text.strip():
+        raise RequestError("the text is empty; type a sentence to translate")
+    notes = []
+    if len(text) > limits.max_chars:
+        notes.append(f"the text has {len(text):,} characters, over the limit of {limits.max_chars:,}; "
+                     f"translated its first {limits.max_chars:,}")
+        text = text[: limits.max_chars]
+    return text, notes
+
+
+def check_beam(beam: object, limits: Limits) -> int:
+    """`beam` if it is a whole number from 1 to max_beam, else a RequestError saying so."""
+    if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= limits.max_beam:
+        shown = json.dumps(beam) if isinstance(beam, (bool, int, float, str, type(None))) else type(beam).__name__
+        raise RequestError(f"beam must be a whole number from 1 (greedy) to {limits.max_beam}, not {shown[:40]}")
+    return beam
+
+
+def translate_all(models: list[ServedModel], text: str, beam: int, limits: Limits) -> dict:
+    """Every model's best translation of `text`, one after another (nmt.serve_app runs them side by side).
+
+    The reply: {"text": the text translated, "beam", "notes": [...], "truncated": bool, "results": [per
+    model: model, label, checkpoint, hypothesis, src_pieces, tgt_pieces, weights, has_alignment, time, note]}.
+    """
+    text, notes = clean_text(text, limits)
+    beam = check_beam(beam, limits)
+    results = [m.translate(text, beam, limits.max_pieces) for m in models]
+    return reply(text, beam, notes, results)
+
+
+def reply(text: str, beam: int, notes: list[str], results: list[dict]) -> dict:
+    """The reply of POST /translate from its parts; per-model notes are added to `notes`, labelled."""
+    notes = notes + [f"{r['label']}: {r['note']}" for r in results if r["note"]]
+    return {"text": text, "beam": beam, "notes": notes, "truncated": bool(notes), "results": results}
+
+
+def set_threads(threads: int) -> None:
+    """Intra-op threads of every model call (each call may run beside others: see the module docstring)."""
+    torch.set_num_threads(max(1, threads))
+
+
+def short_path(path: str) -> str:
+    """The last three parts of a checkpoint's path, for labels (e.g. luong/checkpoints/best.pt)."""
+    parts = Path(path).parts
+    return str(Path(*parts[-3:])) if len(parts) > 3 else path

@@ -1,0 +1,230 @@
+"""The ASGI application of nmt-serve (Starlette): the page, the JSON API and the static files.
+
+    app = create_app(models, examples, Limits())      # models from nmt.serve.load_models
+    uvicorn.run(app)                                   # nmt/cli/serve.py binds the socket and runs it
+
+Routes:
+    GET  /             the page (nmt/serve_page.py); POST / is its form (text, beam, example)
+    POST /translate    JSON {"text": str, "beam": int} -> every checkpoint's translation and attention
+    GET  /api/models   the checkpoints' labels and settings, the limits and the example sentences
+    GET  /static/...   the page's stylesheet and script (nmt/static, shipped in the package)
+
+Every refusal is {"error": "..."} (the page shows it in a box) with a status: 400 bad input, 404/405 wrong
+path or method, 408 a body too slow to arrive, 413 a body over the limit, 503 busy or too slow, 500 a bug
+(logged; the server keeps serving). The model calls run in the threadpool, one per checkpoint, side by
+side; each checkpoint's lock keeps it to one request at a time, so concurrent requests never mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from nmt.serve import Limits, RequestError, ServedModel, check_beam, clean_text, reply
+from nmt.serve_examples import Examples
+from nmt.serve_page import render_page
+
+STATIC_DIR = Path(__file__).parent / "static"
+BODY_SECONDS = 10.0  # a request body must arrive within this
+log = logging.getLogger(__name__)
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "true/false", int: "a number",
+               float: "a number", type(None): "null"}
+# no script, style or image from anywhere but this server: the page works offline, and injected markup can't run
+HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+
+def example_body(limits: Limits) -> str:
+    return f'{{"text": "...", "beam": 1}} (beam from 1 to {limits.max_beam}, default 1)'
+
+
+class Server:
+    """The loaded models and the bookkeeping of requests in flight (touched by the event loop only)."""
+
+    def __init__(self, models: list[ServedModel], examples: Examples, limits: Limits):
+        self.models, self.examples, self.limits = models, examples, limits
+        self.pending = 0
+        # one worker thread per model: its requests queue there instead of holding threads on its lock
+        self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"nmt-model{m.index}") for m in models]
+
+    async def translate(self, text: str, beam: object) -> dict:
+        """Every model's translation, each in a worker thread; RequestError if busy or over the time limit."""
+        text, notes = clean_text(text, self.limits)
+        beam = check_beam(beam, self.limits)
+        if self.pending >= self.limits.max_pending:
+            raise RequestError(f"busy: {self.pending} requests are being translated; try again in a moment", 503)
+        self.pending += 1
+        loop = asyncio.get_running_loop()
+        calls = [loop.run_in_executor(worker, m.translate, text, beam, self.limits.max_pieces)
+                 for m, worker in zip(self.models, self.workers, strict=True)]
+        job = asyncio.gather(*calls, return_exceptions=True)  # done when every call is
+        job.add_done_callback(self._finished)
+        try:  # shield: a request that times out leaves its model calls to finish (and count) in the background
+            results = await asyncio.wait_for(asyncio.shield(job), self.limits.timeout)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the translation took longer than {self.limits.timeout:g} s (the models are busy "
+                               "or the text is long); try again, or send a shorter text or a smaller beam",
+                               503) from None
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        return reply(text, beam, notes, list(results))
+
+    def _finished(self, job: asyncio.Future) -> None:
+        self.pending -= 1
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def guarded(handler: Handler) -> Handler:
+    """Answer a RequestError with its status and message, and any other exception with a 500 (logged)."""
+
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return JSONResponse({"error": str(e)}, e.status, headers=HEADERS)
+        except Exception as e:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return JSONResponse({"error": f"internal error ({type(e).__name__}: {str(e)[:200]}); the server "
+                                          "keeps running, please report this"}, 500, headers=HEADERS)
+
+    return wrapper
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past `limit` bytes and with 408 if it takes over BODY_SECONDS."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(f"the request body has {int(declared):,} bytes, over the limit of {limit:,}; "
+                           "send a shorter text", 413)
+
+    async def collect() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(f"the request body is over the limit of {limit:,} bytes; send a shorter text",
+                                   413)
+        return bytes(body)
+
+    try:
+        return await asyncio.wait_for(collect(), BODY_SECONDS)
+    except asyncio.TimeoutError:
+        raise RequestError(f"the request body took longer than {BODY_SECONDS:g} s to arrive", 408) from None
+
+
+def parse_translate_body(body: bytes, limits: Limits) -> tuple[str, object]:
+    """(text, beam) from a POST /translate body; a RequestError names what is wrong and what to send."""
+    send = f"send JSON such as {example_body(limits)}"
+    try:
+        raw = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the body is not valid UTF-8 (byte 0x{body[e.start]:02x} at position {e.start}); "
+                           f"{send}, encoded as UTF-8") from None
+    if not raw.strip():
+        raise RequestError(f"the body is empty; {send}")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise RequestError(f"the body is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); {send}"
+                           ) from None
+    except (ValueError, RecursionError) as e:  # e.g. a number of 5,000 digits, arrays nested 10,000 deep
+        raise RequestError(f"the body cannot be read as JSON ({str(e)[:100] or type(e).__name__}); {send}"
+                           ) from None
+    if not isinstance(data, dict):
+        raise RequestError(f"the body must be a JSON object, not {_JSON_TYPES.get(type(data), 'that')}; {send}")
+    unknown = sorted(set(data) - {"text", "beam"})
+    if unknown:
+        names = ", ".join(json.dumps(k) for k in unknown)
+        raise RequestError(f"unknown field(s) {names}; the fields are text (required) and beam (optional)")
+    if "text" not in data:
+        raise RequestError(f"the field text is missing; {send}")
+    if not isinstance(data["text"], str):
+        raise RequestError(f"text must be a string, not {_JSON_TYPES.get(type(data['text']), 'that')}")
+    return data["text"], data.get("beam", 1)
+
+
+def parse_form(body: bytes) -> dict[str, str]:
+    """The page's form fields (text, beam, example), first value of each."""
+    try:
+        fields = parse_qs(body.decode("latin-1"), keep_blank_values=True, max_num_fields=10,
+                          encoding="utf-8", errors="replace")
+    except ValueError:
+        raise RequestError("the form has too many fields; use the page's form") from None
+    return {k: v[0] for k, v in fields.items()}
+
+
+def create_app(models: list[ServedModel], examples: Examples, limits: Limits | None = None,
+               allowed_hosts: list[str] | None = None) -> Starlette:
+    """The application; `allowed_hosts` (e.g. ["127.0.0.1", "localhost"]) refuses other Host headers, which
+    keeps web pages from reaching a loopback server through DNS rebinding."""
+    server = Server(models, examples, limits or Limits())
+
+    @guarded
+    async def api_translate(request: Request) -> Response:
+        text, beam = parse_translate_body(await read_body(request, server.limits.max_body), server.limits)
+        return JSONResponse(await server.translate(text, beam), headers=HEADERS)
+
+    @guarded
+    async def api_models(request: Request) -> Response:
+        lim = server.limits
+        return JSONResponse({"models": [m.describe() for m in server.models],
+                             "limits": {"max_chars": lim.max_chars, "max_pieces": lim.max_pieces,
+                                        "max_beam": lim.max_beam, "max_body": lim.max_body, "timeout": lim.timeout},
+                             "examples": {"sentences": server.examples.sentences,
+                                          "source": server.examples.source}}, headers=HEADERS)
+
+    async def page(request: Request) -> Response:
+        form = {"text": "", "beam": "1"}
+        result, error, status = None, None, 200
+        try:
+            if request.method == "POST":
+                form.update(parse_form(await read_body(request, server.limits.max_body)))
+                if form.get("example"):
+                    form["text"] = form["example"]
+                if form["beam"] not in ("1", "5"):
+                    raise RequestError(f"beam must be 1 (greedy) or 5, not {form['beam'][:20]!r}")
+                result = await server.translate(form["text"], int(form["beam"]))
+        except RequestError as e:
+            error, status = str(e), e.status
+        except Exception as e:
+            log.exception("POST / failed")
+            error, status = f"internal error ({type(e).__name__}); the server keeps running, please report this", 500
+        html = render_page(server.models, server.examples, server.limits, form, result, error)
+        return HTMLResponse(html, status, headers=HEADERS)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 405:
+            message = (f"{request.method} {request.url.path} is not allowed; the API is POST /translate with "
+                       f"JSON {example_body(server.limits)} and GET /api/models; the page is GET /")
+        elif exc.status_code == 404:
+            message = f"no such path {request.url.path}; the page is /, the API POST /translate and GET /api/models"
+        else:
+            message = str(exc.detail)
+        return JSONResponse({"error": message}, exc.status_code, headers=HEADERS)
+
+    routes = [Route("/", page, methods=["GET", "POST"]),
+              Route("/translate", api_translate, methods=["POST"]),
+              Route("/api/models", api_models, methods=["GET"]),
+              Mount("/static", StaticFiles(directory=STATIC_DIR), name="static")]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
