@@ -3,15 +3,22 @@ BLEU by source length (in whitespace words), and bootstrap confidence intervals.
 
     scores = corpus_scores(hypotheses, references)      # {"bleu": 31.2, "chrf": 55.0, "ter": ..., "signatures": ...}
     rows = bleu_by_length(sources, hypotheses, references, edges=(0, 10, 20, 30, 40, 50))
+    stats = bleu_statistics(hypotheses, references)     # (N, 10): BLEU's sufficient statistics per sentence
+    bleu, low, high = bootstrap_bleu(hypotheses, references, samples=1000)
+
+The bootstraps resample BLEU's per-sentence statistics, which are computed here (sacrebleu's public 13a
+tokenizer, then n-gram counts) rather than through sacrebleu's private methods; `bleu_from_statistics`
+gives the same number as sacrebleu's default corpus BLEU (13a, case-sensitive, exp smoothing, n <= 4).
 """
 
 from __future__ import annotations
 
-import random
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF, TER
+from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 DEFAULT_EDGES = (0, 10, 20, 30, 40, 50)
 
@@ -70,6 +77,85 @@ def bleu_by_length(
     return rows
 
 
+ORDER = 4  # BLEU's largest n-gram
+_TOKENIZE = Tokenizer13a()
+
+
+def _ngrams(tokens: list[str]) -> Counter:
+    return Counter(tuple(tokens[i : i + n]) for n in range(1, ORDER + 1) for i in range(len(tokens) - n + 1))
+
+
+def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
+    """BLEU's sufficient statistics per sentence, (N, 2 + 2 * ORDER) int64: hypothesis length, reference
+    length, matched n-grams for n = 1..4 (clipped by the reference's counts), hypothesis n-grams n = 1..4.
+
+    Tokenized as sacrebleu's default BLEU does (13a, case kept, trailing whitespace dropped); one reference
+    per sentence. Summed over any subset of sentences, they give that subset's corpus BLEU.
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    stats = np.zeros((len(hypotheses), 2 + 2 * ORDER), dtype=np.int64)
+    for row, (hyp, ref) in zip(stats, zip(hypotheses, references, strict=True), strict=True):
+        h, r = _TOKENIZE(hyp.rstrip()).split(), _TOKENIZE(ref.rstrip()).split()
+        ref_counts = _ngrams(r)
+        row[0], row[1] = len(h), len(r)
+        for gram, count in _ngrams(h).items():
+            row[2 + ORDER + len(gram) - 1] += count
+            row[2 + len(gram) - 1] += min(count, ref_counts.get(gram, 0))
+    return stats
+
+
+def bleu_from_statistics(stats: np.ndarray) -> np.ndarray:
+    """Corpus BLEU (0-100) from summed statistics: stats (..., 10) -> BLEU (...), float64.
+
+    sacrebleu's default formula: geometric mean of the four n-gram precisions, an order with no match
+    counting as 1 / (2^j * total) for its j-th such order ("exp" smoothing), 0 when there is no match at all
+    or an order has no n-grams, times the brevity penalty exp(1 - ref/hyp) when hyp < ref.
+    """
+    s = np.asarray(stats, dtype=np.float64)
+    hyp, ref = s[..., 0], s[..., 1]
+    correct, total = s[..., 2 : 2 + ORDER], s[..., 2 + ORDER :]  # (..., 4) each
+    zero = correct == 0
+    halvings = np.cumsum(zero, axis=-1)  # the j-th order without a match counts 1 / 2^j
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(zero, 100.0 / (2.0 ** halvings * total), 100.0 * correct / total)  # (..., 4)
+        score = np.exp(np.log(precision).sum(axis=-1) / ORDER)
+        penalty = np.where(hyp < ref, np.exp(1 - ref / hyp), 1.0)
+        defined = (total > 0).all(axis=-1) & ~zero.all(axis=-1) & (hyp > 0)
+        return np.where(defined, score * penalty, 0.0)
+
+
+def resample_counts(n: int, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """`samples` bootstrap resamples of n items as counts: (samples, n), each row sums to n."""
+    idx = rng.integers(0, n, size=(samples, n))  # (samples, n) drawn with replacement
+    rows = np.arange(samples)[:, None] * n
+    return np.bincount((idx + rows).ravel(), minlength=samples * n).reshape(samples, n)
+
+
+def bootstrap_scores(seed_stats: Sequence[np.ndarray], samples: int = 1000, seed: int = 12345) -> np.ndarray:
+    """BLEU over seeds x sentences resamples: `seed_stats` holds one (N, 10) array per seed (the same N
+    sentences); each of the `samples` replicates resamples the sentences (the same draw for every seed) and
+    the seeds, both with replacement, and takes the mean over the drawn seeds of their corpus BLEU on the
+    drawn sentences -> (samples,). With one seed it is the plain bootstrap of Koehn (2004).
+
+    The sentence draws depend only on (N, samples, seed), so every system scored with the same seed gets the
+    same resampled test sets: their intervals are paired.
+    """
+    if samples < 1:
+        raise ValueError(f"bootstrap samples must be at least 1, not {samples}")
+    rng = np.random.default_rng(seed)
+    counts = resample_counts(len(seed_stats[0]), samples, rng).astype(np.float64)  # (samples, N)
+    per_seed = np.stack([bleu_from_statistics(counts @ s) for s in seed_stats], axis=1)  # (samples, R)
+    drawn = resample_counts(len(seed_stats), samples, rng)  # (samples, R): times each seed was drawn
+    return (per_seed * drawn).sum(axis=1) / len(seed_stats)
+
+
+def percentile_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap values: (low, high)."""
+    low, high = np.percentile(values, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
+
+
 def bootstrap_bleu(
     hypotheses: Sequence[str], references: Sequence[str], samples: int = 1000, seed: int = 12345
 ) -> tuple[float, float, float]:
@@ -77,19 +163,9 @@ def bootstrap_bleu(
 
     Sentence-level sufficient statistics are extracted once, so each resample is a sum, not a re-scoring.
     """
-    if samples < 1:
-        raise ValueError(f"bootstrap samples must be at least 1, not {samples}")
-    bleu = BLEU()
-    stats = np.array(bleu._extract_corpus_statistics(list(hypotheses), [list(references)]), dtype=np.int64)
-    score = bleu._compute_score_from_stats(stats.sum(0).tolist()).score
-    rng = random.Random(seed)
-    n = len(stats)
-    values = []
-    for _ in range(samples):
-        idx = [rng.randrange(n) for _ in range(n)]
-        values.append(bleu._compute_score_from_stats(stats[idx].sum(0).tolist()).score)
-    values.sort()
-    return round(score, 2), round(values[int(0.025 * samples)], 2), round(values[int(0.975 * samples) - 1], 2)
+    stats = bleu_statistics(hypotheses, references)
+    low, high = percentile_interval(bootstrap_scores([stats], samples, seed))
+    return round(float(bleu_from_statistics(stats.sum(0))), 2), round(low, 2), round(high, 2)
 
 
 def format_number(value: float | None, digits: int = 2) -> str:

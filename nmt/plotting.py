@@ -3,8 +3,9 @@
     fig = attention_figure(weights, src_pieces, tgt_pieces)   # weights (T, S)
     save_figure(fig, "attention.png")
 
-nmt-study adds side-by-side heatmaps of one sentence under several models (attention_panels_figure) and
-validation BLEU of the shortest and longest length buckets over training time (learning_curves_figure).
+nmt-study adds side-by-side heatmaps of one sentence under several models (attention_panels_figure),
+BLEU against verse-window size (bleu_by_window_figure) and validation BLEU of the shortest and longest
+length buckets over training time (learning_curves_figure).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def attention_figure(weights, src_pieces: Sequence[str], tgt_pieces: Sequence[st
 
 
 def bleu_by_length_figure(series: dict[str, list[dict]], title: str = "BLEU by source length") -> Figure:
-    """One line per series. Each row: {"bucket", "bleu", optional "low"/"high" (interval), "n"}."""
+    """One line per series, with its interval as a band. Each row: {"bucket", "bleu", optional
+    "low"/"high" (interval), "n"}."""
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     # one x position per bucket over all series, so series with different empty buckets stay aligned
     labels: dict[str, str] = {}
@@ -65,17 +67,49 @@ def bleu_by_length_figure(series: dict[str, list[dict]], title: str = "BLEU by s
         if not rows:
             continue
         x = [position[r["bucket"]] for r in rows]
-        ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)
-        if all("low" in r and "high" in r for r in rows):
-            ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2)
+        line = ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)[0]
+        if all(r.get("low") is not None and r.get("high") is not None for r in rows):
+            ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2,
+                            color=line.get_color())
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(list(labels.values()), fontsize=8)
     ax.set_xlabel("source sentence length (words)")
     ax.set_ylabel("BLEU")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by window size") -> Figure:
+    """BLEU against the window size k, one line (and its interval band) per series.
+
+    Each row: {"k", "bleu", "low"/"high" (interval, may be None), "source_words" (mean per window)}. The
+    x ticks say k and the mean source words of the first series' windows.
+    """
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    ticks: dict[int, str] = {}
+    for name, rows in series.items():
+        rows = [r for r in rows if r.get("bleu") is not None]
+        for r in rows:
+            ticks.setdefault(r["k"], f"k={r['k']}\n({r.get('source_words', 0):.0f} words)")
+        if not rows:
+            continue
+        x = [r["k"] for r in rows]
+        line = ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)[0]
+        if all(r.get("low") is not None and r.get("high") is not None for r in rows):
+            ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2,
+                            color=line.get_color())
+    ax.set_xticks(sorted(ticks))
+    ax.set_xticklabels([ticks[k] for k in sorted(ticks)], fontsize=8)
+    ax.set_xlabel("verses per input (window size k)")
+    ax.set_ylabel("BLEU")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
 
