@@ -245,9 +245,11 @@ class TokenBatchSampler:
     neighbours have similar lengths, cut into batches where `n * max(src_len, tgt_len) <= batch_tokens`,
     then shuffle the batch order. The same seed and epoch always give the same batches.
 
-    `bucketing="exact"` first groups the sentences by source length, so every batch's sources share one
-    length: the encoder then needs neither padding nor packing (the fastest LSTM path, and the one where
-    bf16 pays). Targets are sorted within each group the same way. `bucketing="sorted"` mixes lengths.
+    `bucketing="exact"` first groups the sentences by source length, so a batch's sources share one length:
+    the encoder then needs neither padding nor packing (the fastest LSTM path, and the one where bf16 pays).
+    Targets are sorted within each group the same way. The end of a group that would make a batch under
+    half of `batch_tokens` is merged with the start of the next length instead (that batch is packed).
+    `bucketing="sorted"` mixes lengths.
 
     With `world_size > 1` (DistributedDataParallel), each global batch is dealt round-robin to the ranks:
     rank r trains on sentences r, r + world, ... of every batch, so every rank takes the same number of
@@ -255,6 +257,7 @@ class TokenBatchSampler:
     """
 
     BUCKETINGS = ("exact", "sorted")
+    MERGE_BELOW = 0.5  # exact: a batch under this fraction of batch_tokens goes on into the next length
 
     def __init__(
         self,
@@ -304,7 +307,10 @@ class TokenBatchSampler:
         for i in self._order(rng):
             n_longest = max(longest, self.lengths[i])
             full = n_longest * (len(current) + 1) > self.batch_tokens
-            new_length = self.exact and current and self.src_lengths[i] != self.src_lengths[current[0]]
+            # exact: a new source length closes a batch that is at least half full; a smaller one (the end
+            # of a length's group) takes the next length's sentences rather than training as a tiny batch
+            new_length = self.exact and current and self.src_lengths[i] != self.src_lengths[current[-1]]
+            new_length = new_length and longest * len(current) >= self.batch_tokens * self.MERGE_BELOW
             if current and (full or new_length) and len(current) >= self.world_size:
                 batches.append(current)
                 current, n_longest = [], self.lengths[i]

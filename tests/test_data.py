@@ -105,15 +105,24 @@ def test_sampler_shards_are_disjoint_and_complete(world, bucketing):
     assert all(len(b) > 0 for p in per_rank for b in p)
 
 
-def test_exact_bucketing_gives_every_batch_one_source_length():
+def test_exact_bucketing_gives_full_batches_one_source_length_and_merges_small_ends():
+    """A batch is at least half full or holds one source length; small ends of a length's group merge with
+    the next length (neighbouring lengths, so little padding), and most batches still have one length."""
     src, tgt = _lengths(3000, seed=4)
     sampler = TokenBatchSampler(src, tgt, 700, seed=2, bucketing="exact")
+    longest = torch.maximum(src, tgt)
     for epoch in range(2):
         batches = sampler.batches(epoch)
-        assert all(len(set(src[b].tolist())) == 1 for b in batches)
-        # one length per batch costs few extra batches: at most one partly filled batch per source length
+        one_length = [b for b in batches if len(set(src[b].tolist())) == 1]
+        assert len(one_length) >= 0.75 * len(batches)
+        for b in batches:
+            if len(set(src[b].tolist())) > 1:  # merged: neighbouring lengths, and not left tiny
+                lengths = sorted(set(src[b].tolist()))
+                assert lengths[-1] - lengths[0] <= 3, lengths
+        small = [b for b in batches if len(b) * int(longest[b].max()) < 700 * TokenBatchSampler.MERGE_BELOW]
+        assert len(small) <= 1  # only the epoch's very last batch may be small
         sorted_batches = TokenBatchSampler(src, tgt, 700, seed=2, bucketing="sorted").batches(epoch)
-        assert len(batches) <= len(sorted_batches) + len(set(src.tolist()))
+        assert len(batches) <= 1.25 * len(sorted_batches)  # random target lengths here; the Bible: 1.10
     with pytest.raises(ValueError, match="bucketing"):
         TokenBatchSampler(src, tgt, 700, seed=2, bucketing="random")
 

@@ -8,10 +8,10 @@ then translates held-out sentences with greedy search:
   falls apart there, attention does not.
 
 Every model trains in fp32 (`amp="off"`): a learned score must not depend on whether the CPU has bf16.
-fp32 kernels still round differently from CPU to CPU, so the floors sit 8-10 BLEU under the lowest of
+fp32 kernels still round differently from CPU to CPU, so the floors sit 9-13 BLEU under the lowest of
 five model seeds (0-4; the tests use seed 0), measured in fp32 with one thread, 600 steps each. Greedy
-valid BLEU: luong 93.7-98.5 (exact match 0.87-0.95), bahdanau 93.0-98.9, multihead 91.4-95.8, local
-90.5-96.2, none (RNNencdec, its config's default) 32-37. Test BLEU: none 6.4-9.3, luong 62.6-72.9.
+valid BLEU: luong 94.5-97.2 (exact match 0.83-0.93), bahdanau 97.3-99.3, multihead 94.6-98.6, local
+93.4-96.5, none (RNNencdec, its config's default) 39.5-42.2. Test BLEU: none 8.3-11.7, luong 60.4-68.4.
 At 400 steps most were still climbing steeply and single seeds fell near 80. About 2.5 minutes of CPU
 time in all (wall time grows when other jobs share the cores).
 """
