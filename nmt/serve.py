@@ -103,8 +103,9 @@ def attention_label(model_config: dict) -> str:
     """A short name of the attention and its settings, e.g. "luong (general, current query, input feeding)"."""
     name = str(model_config.get("attention", "?"))
     parts: list[str] = []
-    if name == "none":
-        parts.append("fixed sentence vector")
+    query = model_config.get("attention_query", "current")
+    if name == "none":  # previous: the vector enters every LSTM step (RNNencdec); current: after each step
+        parts.append("fixed sentence vector, " + ("into every step" if query == "previous" else "after each step"))
     elif name == "bahdanau":
         parts.append("additive")
     for key, value in dict(model_config.get("attention_options") or {}).items():
@@ -121,7 +122,7 @@ def attention_label(model_config: dict) -> str:
         else:
             parts.append(f"{key} {value}")
     if name != "none":
-        parts.append(f"{model_config.get('attention_query', 'current')} query")
+        parts.append(f"{query} query")
     parts.append("input feeding" if model_config.get("input_feeding", True) else "no input feeding")
     return f"{name} ({', '.join(parts)})"
 

@@ -108,7 +108,7 @@ def test_translate_answers_for_every_checkpoint(client):
     assert reply["text"] == SENTENCE and reply["beam"] == 5 and reply["notes"] == [] and not reply["truncated"]
     luong, none = reply["results"]
     assert luong["label"] == "luong (general, current query, input feeding)" and luong["has_alignment"]
-    assert none["label"] == "none (fixed sentence vector, input feeding)" and not none["has_alignment"]
+    assert none["label"] == "none (fixed sentence vector, into every step, input feeding)" and not none["has_alignment"]
     for res in (luong, none):
         assert res["src_pieces"][-1] == "</s>" and len(res["src_pieces"]) >= 6
         assert len(res["weights"]) == len(res["tgt_pieces"]) >= 1
@@ -131,7 +131,7 @@ def test_greedy_is_the_default_and_models_are_described(client):
     assert post(client, json.dumps({"text": SENTENCE})).json()["beam"] == 1
     info = client.get("/api/models").json()
     assert [m["label"] for m in info["models"]] == ["luong (general, current query, input feeding)",
-                                                    "none (fixed sentence vector, input feeding)"]
+                                                    "none (fixed sentence vector, into every step, input feeding)"]
     assert info["models"][0]["settings"]["attention_options"] == {"score": "general"}
     assert info["limits"]["max_pieces"] == LIMITS.max_pieces
     assert info["examples"]["source"].startswith("the test split of corpus synthetic (data cache")
