@@ -148,10 +148,3 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     # no gradient (validation): a few thousand rows at a time, so the fp32 temporaries stay small
     chunks = zip(logits.split(LOSS_CHUNK_ROWS), target.split(LOSS_CHUNK_ROWS), strict=True)
     return sum(_SmoothedCrossEntropy.apply(x, y, float(label_smoothing)) for x, y in chunks), n_real
-
-
-def nll_per_token(logits: Tensor, target: Tensor) -> tuple[float, int]:
-    """Plain negative log-likelihood (no smoothing) summed over real tokens, for validation perplexity."""
-    with torch.no_grad():
-        loss, n = token_loss(logits, target, 0.0)
-    return float(loss), n

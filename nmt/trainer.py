@@ -51,7 +51,7 @@ class TrainerConfig:
     valid_every: int = 500  # steps; validation also runs at the end
     valid_batch_tokens: int = 4000
     valid_max_sentences: int | None = None  # validate on N sentences spread over the split (None: all)
-    patience: int = 10  # validations without improvement before stopping (0: never stop early)
+    patience: int = 8  # validations without improvement before stopping (0: never stop early)
     best_metric: str = "bleu"  # bleu | chrf | loss | ppl
     log_every: int = 50
     threads: int | None = None  # CPU threads (None: torch's default)

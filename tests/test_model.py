@@ -624,6 +624,19 @@ def test_every_attention_config_builds_a_working_model(attention):
     forward_backward(model, *make_batch([4, 7, 2], [3, 2, 5]))
 
 
+@pytest.mark.parametrize("cls, group", [(TrainerConfig, "trainer/default"), (OptimConfig, "optim/adam"),
+                                        (ModelConfig, "model/default"), (TokenizerSettings, "tokenizer/unigram")])
+def test_dataclass_defaults_agree_with_the_default_config_files(cls, group):
+    """Library users (the dataclass) and command-line users (the YAML) get the same defaults."""
+    from dataclasses import fields
+
+    yaml = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / f"{group}.yaml"))
+    default = cls()
+    differ = {f.name: (getattr(default, f.name), yaml[f.name]) for f in fields(cls)
+              if f.name in yaml and yaml[f.name] != getattr(default, f.name)}
+    assert not differ, f"dataclass vs {group}.yaml: {differ}"
+
+
 def sweep_overrides(cfg) -> list[list[str]]:
     """Override lists covering every value of every swept parameter of a multirun config (each value once)."""
     params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}

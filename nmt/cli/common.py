@@ -6,6 +6,7 @@ the key's name), and every user-fixable error becomes one line on stderr and exi
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import os
@@ -21,8 +22,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nmt.errors import ConfigError, DataError, NMTError
 
-# The config tree sits at the top of the project (installed editable, as the README says).
-CONFIG_DIR = os.environ.get("NMT_CONFIG_DIR", str(Path(__file__).resolve().parents[2] / "configs"))
+# The config tree: configs/ at the top of the repository, installed as the package nmt.configs (editable
+# or not); NMT_CONFIG_DIR points elsewhere.
+CONFIG_DIR = os.environ.get("NMT_CONFIG_DIR") or str(Path(importlib.import_module("nmt.configs").__file__).parent)
 log = logging.getLogger("nmt")
 _FIX = "fix the value on the command line or in the config"
 
@@ -173,9 +175,3 @@ def check_splits(corpus) -> None:
         hint = ("give a validation set with data.valid=FILE, or more lines or a larger data.valid_percent"
                 if corpus.name == "files" else "use a larger corpus (data.valid_size for data=synthetic)")
         raise DataError(f"corpus {corpus.name} has no validation pairs ({sizes}); {hint}")
-
-
-def setup_logging(run_dir: Path | None, rank: int = 0) -> None:
-    """Hydra already logs to <run_dir>/<job>.log and the console; quiet the other ranks."""
-    if rank != 0:
-        logging.getLogger().setLevel(logging.WARNING)
