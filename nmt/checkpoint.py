@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from nmt.atomic import atomic_path
 from nmt.errors import CheckpointError
 from nmt.model import MODEL_VERSION, ModelConfig, Seq2Seq
 from nmt.tokenizer import Tokenizer
@@ -36,18 +37,14 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     `.<name>.tmp<pid>` next to it, which the next successful save of `path` removes.
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     data = {"format": FORMAT, "format_version": FORMAT_VERSION, "model_version": MODEL_VERSION, **payload}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             torch.save(data, f)
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
     except (OSError, RuntimeError) as e:  # torch.save turns a failed write into a RuntimeError on closing
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         kept = " (the previous checkpoint there is intact)" if path.is_file() else ""
         raise CheckpointError(f"{path}: could not write the checkpoint: {_write_error(e)}{kept}; "
                               "free disk space or choose another run directory with hydra.run.dir=..."

@@ -14,12 +14,10 @@ import hashlib
 import importlib.resources
 import itertools
 import math
-import os
 import random
 import re
 import sqlite3
 import statistics
-import tempfile
 import unicodedata
 import urllib.error
 import urllib.request
@@ -29,6 +27,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nmt.atomic import atomic_path
 from nmt.errors import DataError
 
 Pair = tuple[str, str]
@@ -440,21 +439,17 @@ def _verify_sha256(path: Path, expected: str, origin: str) -> None:
 
 def _download(file: str, folder: Path) -> None:
     url = MULTI30K_URL.format(file=file)
-    try:  # a temporary file, renamed when complete, so an interrupted download never looks finished
+    try:
         folder.mkdir(parents=True, exist_ok=True)
-        handle, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{file}.")
     except OSError as err:
         raise DataError(f"{folder}: cannot write there ({err}); pass a writable download folder") from None
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            out.write(response.read())
-        _verify_sha256(tmp, MULTI30K_SHA256[file], url)
-        os.replace(tmp, folder / file)
+    try:  # renamed when complete and checked, so an interrupted download never looks finished
+        with atomic_path(folder / file) as tmp:
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+                out.write(response.read())
+            _verify_sha256(tmp, MULTI30K_SHA256[file], url)
     except (urllib.error.URLError, OSError) as err:
         raise DataError(f"{url}: download failed ({err}); {_MANUAL}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _multi30k_folder(root: str | None, files: list[str], download_dir: str) -> Path:

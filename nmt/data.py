@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from nmt.atomic import atomic_path
 from nmt.corpora import Corpus, Pair
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
@@ -130,12 +130,6 @@ def corpus_key(corpus: Corpus, settings: TokenizerSettings, max_length: int) -> 
     return h.hexdigest()[:16]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")  # per process: parallel jobs may fill one cache
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_dir: str | Path,
             progress: bool = True) -> PreparedData:
     """Train (or reuse) the tokenizer, encode every split (or reuse the cache) and filter long pairs.
@@ -171,11 +165,11 @@ def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_d
         kept[split] = keep
         bar.update()
     bar.close()
-    _write_atomic(spm_src, tokenizer.src_model)
-    _write_atomic(spm_tgt, tokenizer.tgt_model)
-    tmp = enc_path.with_name(f".{enc_path.name}.tmp{os.getpid()}")
-    torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
-    os.replace(tmp, enc_path)
+    for path, model in ((spm_src, tokenizer.src_model), (spm_tgt, tokenizer.tgt_model)):
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(model)
+    with atomic_path(enc_path) as tmp:
+        torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
     return PreparedData(corpus, tokenizer, encoded, kept, dropped, cache_dir)
 
 

@@ -41,6 +41,14 @@ def native_bf16(device_type: str) -> bool:
     return False
 
 
+def use_bf16(amp: str, device_type: str, option: str = "amp") -> bool:
+    """Whether to compute under bf16 autocast: amp is "bf16", or "auto" on hardware with native bf16;
+    anything but auto, bf16 or off is a ConfigError naming `option`."""
+    if amp not in ("auto", "bf16", "off"):
+        raise ConfigError(f"{option} must be auto, bf16 or off, not {amp!r}")
+    return amp == "bf16" or (amp == "auto" and native_bf16(device_type))
+
+
 def describe_machine(threads: int) -> dict:
     """What a measurement ran on, for benchmark reports: CPU model, the instruction set torch's CPU
     kernels use (AVX2, AVX512, ...), whether bf16 is native (AVX-512 BF16 / AMX), cores, threads, versions."""

@@ -20,6 +20,8 @@ import numpy as np
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
+from nmt.errors import ConfigError
+
 DEFAULT_EDGES = (0, 10, 20, 30, 40, 50)
 
 
@@ -46,10 +48,21 @@ def bucket_labels(edges: Sequence[int]) -> list[str]:
     return labels + [f"{edges[-1]}+"]
 
 
+def check_edges(edges: object, option: str = "bucket edges") -> list[int]:
+    """`edges` as a list when they are whole word counts that start at 0 and are strictly increasing, else a
+    ConfigError naming `option` (e.g. "--buckets", "trainer.length_buckets")."""
+    values = list(edges) if isinstance(edges, (list, tuple)) else []
+    whole = all(isinstance(e, int) and not isinstance(e, bool) for e in values)
+    if not values or not whole or values != sorted(set(values)) or values[0] != 0:
+        shown = ",".join(map(str, values)) if values else repr(edges)
+        raise ConfigError(f"{option}: bucket edges must be strictly increasing word counts starting at 0, "
+                          f"e.g. 0,15,25,35; not {shown}")
+    return values
+
+
 def bucket_of(n_words: int, edges: Sequence[int]) -> int:
     """Index of the bucket holding a sentence of `n_words` words (lower edge inclusive)."""
-    if not edges or list(edges) != sorted(set(edges)) or edges[0] != 0:
-        raise ValueError(f"bucket edges must start at 0 and increase strictly, got {list(edges)}")
+    check_edges(edges)
     index = 0
     for i, edge in enumerate(edges):
         if n_words >= edge:

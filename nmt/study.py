@@ -35,7 +35,7 @@ from pathlib import Path
 
 from nmt.corpora import Corpus
 from nmt.errors import ConfigError, DataError
-from nmt.metrics import bootstrap_bleu, bucket_labels, bucket_of
+from nmt.metrics import bootstrap_bleu, bucket_labels, bucket_of, check_edges
 from nmt.study_report import write_study
 from nmt.study_runs import BEST, Run, config_notes, find_runs, group_runs, learning_curve, load_run
 from nmt.study_stats import Output, add_tests, summarise
@@ -60,15 +60,6 @@ class StudySettings:
 
 
 # ---------------------------------------------------------------------------------------------- buckets
-def check_edges(edges: Sequence[int]) -> list[int]:
-    edges = list(edges)
-    increasing = bool(edges) and all(isinstance(e, int) for e in edges) and sorted(set(edges)) == edges
-    if not increasing or edges[0] != 0:
-        raise ConfigError("bucket edges must be strictly increasing word counts starting at 0, "
-                          f"e.g. 0,15,25,35; not {','.join(map(str, edges))}")
-    return edges
-
-
 def check_splits(splits: Sequence[str]) -> list[str]:
     """The splits to study; refuses the ones that chose each run's best.pt (valid, valid_k<k>)."""
     chosen = [x for x in splits if SELECTION.fullmatch(x)]
@@ -228,7 +219,8 @@ def run_study(paths: Sequence[Path], load_corpus: Callable[[dict], Corpus], out_
         raise DataError(f"split {split!r} of corpus {sets[0][0].name} has no sentence pairs to evaluate on")
     words = [len(src.split()) for src, _ in pairs]
     if s.edges is not None:
-        edges, notes = check_edges(s.edges), [f"Buckets as given: edges {check_edges(s.edges)}."]
+        edges = check_edges(s.edges, "--buckets")
+        notes = [f"Buckets as given: edges {edges}."]
     else:
         edges, ok = choose_edges(words, s.min_bucket)
         notes = [f"Buckets chosen automatically: the finest candidate edge set with at least {s.min_bucket} "

@@ -29,9 +29,9 @@ from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
-from nmt.device import native_bf16
+from nmt.device import use_bf16
 from nmt.errors import CheckpointError, NMTError
-from nmt.metrics import DEFAULT_EDGES
+from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq, token_loss
 from nmt.validation import evaluate_split
 
@@ -84,6 +84,7 @@ class Trainer:
     def __init__(self, model: Seq2Seq, data: PreparedData, config: TrainerConfig, optim: OptimConfig,
                  run_dir: str | Path, device: str | torch.device = "cpu", seed: int = 1234,
                  run_config: dict | None = None, rank: int = 0, world_size: int = 1):
+        check_edges(config.length_buckets, "trainer.length_buckets")  # fail now, not at the first validation
         if config.best_metric not in ("bleu", "chrf", "loss", "ppl"):
             raise NMTError(f"trainer.best_metric must be bleu, chrf, loss or ppl, not {config.best_metric!r}")
         self.cfg, self.optim_cfg, self.data, self.seed = config, optim, data, seed
@@ -107,13 +108,10 @@ class Trainer:
             raise NMTError(f"trainer.bucketing must be exact or sorted, not {config.bucketing!r}")
         self._split_epoch: int | None = None
         self._use_epoch(0)
-        if config.amp not in ("auto", "bf16", "off"):
-            raise NMTError(f"trainer.amp must be auto, bf16 or off, not {config.amp!r}")
-        amp = config.amp if config.amp != "auto" else ("bf16" if native_bf16(self.device.type) else "off")
-        self.amp = amp  # resolved: bf16 | off
-        log.info("precision: %s (trainer.amp=%s); batches of %d tokens, %s bucketing", "bf16 autocast" if amp == "bf16"
+        bf16 = use_bf16(config.amp, self.device.type, "trainer.amp")
+        self.amp = "bf16" if bf16 else "off"  # resolved
+        log.info("precision: %s (trainer.amp=%s); batches of %d tokens, %s bucketing", "bf16 autocast" if bf16
                  else "fp32", config.amp, config.batch_tokens, config.bucketing)
-        bf16 = amp == "bf16"
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0

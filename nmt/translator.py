@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.device import native_bf16
+from nmt.device import use_bf16
 from nmt.errors import ConfigError
 from nmt.model import Seq2Seq
 from nmt.search import search
@@ -63,14 +63,12 @@ class Translator:
             raise ConfigError(f"nbest ({nbest}) cannot exceed the beam size ({beam_size}); raise the beam")
         if max_src_pieces < 2:
             raise ConfigError(f"max_src_pieces must be at least 2 (a piece and EOS), not {max_src_pieces}")
-        if amp not in ("auto", "bf16", "off"):
-            raise ConfigError(f"amp must be auto, bf16 or off, not {amp!r}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.decoding = Decoding(beam_size, nbest, length_penalty, max_len_ratio, max_len_extra, batch_tokens, amp)
         # bf16 decoding: faster where the hardware has bf16, same BLEU (scripts/benchmark.py compares both)
-        self.bf16 = amp == "bf16" or (amp == "auto" and native_bf16(self.device.type))
+        self.bf16 = use_bf16(amp, self.device.type)
         self.max_src_pieces = max_src_pieces
         self.checkpoint: str | None = None  # set by from_checkpoint; reported by nmt.evaluation
 

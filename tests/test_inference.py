@@ -276,3 +276,15 @@ def test_nmt_translate_missing_checkpoint_is_one_line(tmp_path):
     proc = run("nmt-translate", str(tmp_path / "missing.pt"), "hello")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "missing.pt" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("edges", [[], [5, 10], [0, 10, 10], [0, 20, 10], [0, 1.5], "0,10", None, [0, True]])
+def test_bad_bucket_edges_fail_naming_the_option(edges):
+    """One check for bucket edges everywhere (nmt-evaluate's buckets, nmt-study's --buckets, the trainer's
+    length_buckets): whole word counts from 0, strictly increasing."""
+    from nmt.errors import ConfigError
+    from nmt.metrics import check_edges
+
+    with pytest.raises(ConfigError, match=r"^trainer.length_buckets: bucket edges must be strictly increasing"):
+        check_edges(edges, "trainer.length_buckets")
+    assert check_edges((0, 10, 20), "x") == [0, 10, 20]

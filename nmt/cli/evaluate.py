@@ -30,25 +30,17 @@ def default_output(checkpoint: Path) -> Path:
     return (folder.parent if folder.name == "checkpoints" else folder) / "eval"
 
 
-def check_edges(value) -> list[int]:
-    edges = plain(value)
-    if (not isinstance(edges, list) or not edges or not all(isinstance(e, int) and e >= 0 for e in edges)
-            or edges != sorted(set(edges))):
-        raise ConfigError(f"buckets must be a strictly increasing list of word counts, e.g. [0,10,20], "
-                          f"not {edges}")
-    return edges
-
-
 def run(cfg: DictConfig) -> dict:
     from nmt.checkpoint import load_checkpoint, model_from_checkpoint
     from nmt.evaluation import evaluate
+    from nmt.metrics import check_edges
     from nmt.translator import Decoding, Translator
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError("no checkpoint given; run e.g. "
                           "nmt-evaluate checkpoint=outputs/<date>/<time>/checkpoints/best.pt")
     checkpoint = Path(str(cfg.checkpoint))
-    edges = check_edges(cfg.buckets)
+    edges = check_edges(plain(cfg.buckets), "buckets")
     decoding = typed(Decoding, cfg.decoding, "decoding")
     payload = load_checkpoint(checkpoint)
 

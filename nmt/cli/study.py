@@ -70,14 +70,15 @@ def load_corpus(config: dict):
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from nmt.study import StudySettings, check_edges, check_splits, run_study
+    from nmt.metrics import check_edges
+    from nmt.study import StudySettings, check_splits, run_study
 
     if args.beam < 1 or args.bootstrap < 0 or args.min_bucket < 1 or args.heatmaps < 0:
         raise ConfigError("--beam and --min-bucket must be at least 1, --bootstrap and --heatmaps at least 0")
     splits = check_splits(args.split.split("+"))
     edges = parse_edges(args.buckets)
     if edges is not None:
-        check_edges(edges)
+        check_edges(edges, "--buckets")
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = StudySettings(splits=splits, edges=edges, min_bucket=args.min_bucket,
