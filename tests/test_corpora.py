@@ -21,10 +21,12 @@ from nmt.corpora import (
     load_files,
     load_multi30k,
     load_synthetic,
+    multi30k,
     read_lines,
     read_parallel,
     read_tsv,
 )
+from nmt.corpora import bible as bible_module
 from nmt.errors import DataError
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -210,8 +212,8 @@ def test_bible_text_is_clean(bible):
 
 def test_bible_split_is_chapter_consistent(bible):
     # Map each KJV verse text that occurs once to its chapter; its split must be the chapter's.
-    db = corpora._bible_db(None)
-    kjv, _ = corpora._clean_translation("k", corpora._read_translation(db, "k"))
+    db = bible_module._bible_db(None)
+    kjv, _ = bible_module._clean_translation("k", bible_module._read_translation(db, "k"))
     chapters: dict[str, list[tuple[int, int]]] = {}
     for (book, chapter, _), text in kjv.items():
         chapters.setdefault(text, []).append((book, chapter))
@@ -219,7 +221,7 @@ def test_bible_split_is_chapter_consistent(bible):
     for name, pairs in bible.splits.items():
         for _, tgt in pairs:
             if len(chapters[tgt]) == 1:
-                assert corpora._chapter_split(*chapters[tgt][0]) == name
+                assert bible_module._chapter_split(*chapters[tgt][0]) == name
                 checked += 1
     assert checked > 30_000
 
@@ -281,13 +283,13 @@ def test_bible_missing_db(tmp_path):
 )
 def test_bible_verse_cleaning_rules(code, ref, raw, expected):
     vocab = {"acontecio": "aconteció", "en": "en"}
-    assert corpora._clean_verse(code, ref, raw, vocab) == expected
+    assert bible_module._clean_verse(code, ref, raw, vocab) == expected
 
 
 def test_bible_korean_same_as_placeholder_drops_neighbours():
     verses = {(5, 6, v): f"verse {v}" for v in range(17, 22)}
     verses[(5, 6, 19)] = "(앞절과 동일)"
-    kept, dropped = corpora._clean_translation("n", verses)
+    kept, dropped = bible_module._clean_translation("n", verses)
     assert sorted(kept) == [(5, 6, 17), (5, 6, 21)]
     assert dropped == {(5, 6, 19): "placeholder", (5, 6, 18): "merged verse", (5, 6, 20): "merged verse"}
 
@@ -333,10 +335,10 @@ def test_multi30k_missing_file_in_root(tmp_path):
 def test_sha256_verification_rejects_a_tampered_file(tmp_path):
     path = write(tmp_path / "val.de.gz", b"Ein Hund rennt.\n")
     good = hashlib.sha256(path.read_bytes()).hexdigest()
-    corpora._verify_sha256(path, good, str(path))  # passes silently
+    multi30k._verify_sha256(path, good, str(path))  # passes silently
     path.write_bytes(b"Ein Hund rennt!\n")
     with pytest.raises(DataError) as err:
-        corpora._verify_sha256(path, good, str(path))
+        multi30k._verify_sha256(path, good, str(path))
     assert str(path) in str(err.value) and "data.root=" in str(err.value)
 
 
@@ -348,17 +350,17 @@ def fake_urlopen(serve):
 @needs_multi30k
 def test_multi30k_download_checks_and_renames(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        corpora.urllib.request, "urlopen", fake_urlopen(lambda f: (MULTI30K / f).read_bytes())
+        multi30k.urllib.request, "urlopen", fake_urlopen(lambda f: (MULTI30K / f).read_bytes())
     )
     corpus = load_multi30k(None, "fr", "en", download_dir=str(tmp_path / "m30k"))
     assert len(corpus.splits["train"]) == 29_000
     assert sorted(p.name for p in (tmp_path / "m30k").iterdir()) == sorted(
-        f"{stem}.{lang}.gz" for stem in corpora._MULTI30K_SPLITS.values() for lang in ("fr", "en")
+        f"{stem}.{lang}.gz" for stem in multi30k._MULTI30K_SPLITS.values() for lang in ("fr", "en")
     )
 
 
 def test_multi30k_download_rejects_a_bad_checksum(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpora.urllib.request, "urlopen", fake_urlopen(lambda f: b"tampered"))
+    monkeypatch.setattr(multi30k.urllib.request, "urlopen", fake_urlopen(lambda f: b"tampered"))
     with pytest.raises(DataError) as err:
         load_multi30k(str(tmp_path / "absent"), download_dir=str(tmp_path / "m30k"))
     assert "sha256" in str(err.value) and "data.root=" in str(err.value)
@@ -367,17 +369,17 @@ def test_multi30k_download_rejects_a_bad_checksum(tmp_path, monkeypatch):
 
 def test_multi30k_download_failure_says_what_to_do(tmp_path, monkeypatch):
     def offline(url, timeout):
-        raise corpora.urllib.error.URLError("no network")
+        raise multi30k.urllib.error.URLError("no network")
 
-    monkeypatch.setattr(corpora.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(multi30k.urllib.request, "urlopen", offline)
     with pytest.raises(DataError, match="download failed .* by hand and pass data.root="):
         load_multi30k(None, download_dir=str(tmp_path))
 
 
 @needs_multi30k
 def test_multi30k_checksum_table_matches_shared_files():
-    for file, expected in corpora.MULTI30K_SHA256.items():
-        corpora._verify_sha256(MULTI30K / file, expected, file)
+    for file, expected in multi30k.MULTI30K_SHA256.items():
+        multi30k._verify_sha256(MULTI30K / file, expected, file)
 
 
 # ---------------------------------------------------------------------------------------------
