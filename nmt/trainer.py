@@ -31,8 +31,9 @@ from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
 from nmt.device import use_bf16
 from nmt.errors import CheckpointError, NMTError
+from nmt.loss import token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
-from nmt.model import Seq2Seq, token_loss
+from nmt.model import Seq2Seq
 from nmt.validation import evaluate_split
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,9 @@ import torch
 
 from nmt.data import EncodedSplit, PreparedData, collate
 from nmt.evaluation import heatmap_picks
+from nmt.loss import token_loss
 from nmt.metrics import bleu_by_length, corpus_scores
-from nmt.model import Seq2Seq, token_loss
+from nmt.model import Seq2Seq
 from nmt.plotting import attention_figure
 from nmt.search import greedy
 

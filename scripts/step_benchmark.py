@@ -40,7 +40,8 @@ from hydra import compose, initialize_config_dir
 from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed, user_errors
 from nmt.data import TokenBatchSampler, collate
 from nmt.device import describe_machine
-from nmt.model import Seq2Seq, token_loss
+from nmt.loss import token_loss
+from nmt.model import Seq2Seq
 from nmt.trainer import OptimConfig, TrainerConfig
 
 VARIANTS = {  # name: (amp, bucketing, input_feeding)

@@ -33,7 +33,8 @@ from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed
 from nmt.data import TokenizerSettings, collate
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
-from nmt.model import ModelConfig, Seq2Seq, token_loss
+from nmt.loss import token_loss
+from nmt.model import ModelConfig, Seq2Seq
 from nmt.tokenizer import BOS_ID, PAD_ID
 from nmt.trainer import OptimConfig, TrainerConfig
 
@@ -764,6 +765,6 @@ def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, monkeypat
     assert n == int((target != PAD_ID).sum())
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(ours.float(), logits.grad.float(), rtol=1e-2, atol=1e-6)
-    monkeypatch.setattr("nmt.model.LOSS_CHUNK_ROWS", 8)  # 7 pieces
+    monkeypatch.setattr("nmt.loss.LOSS_CHUNK_ROWS", 8)  # 7 pieces
     with torch.no_grad():
         torch.testing.assert_close(token_loss(logits, target, eps)[0], expected.detach(), rtol=1e-5, atol=1e-4)
