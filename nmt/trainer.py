@@ -3,6 +3,9 @@
     trainer = Trainer(model, data, TrainerConfig(...), OptimConfig(...), run_dir, device="cpu", seed=1234)
     summary = trainer.train()
 
+Tools that measure a run (scripts/benchmark.py, scripts/memory_trace.py) pass `hooks`: TrainerHook objects
+told after every optimizer step and every validation, so they observe the loop without changing it.
+
 Resuming from `last.pt` replays exactly what an uninterrupted run would have done on the same CPU:
 the checkpoint holds the step, the epoch and the position in that epoch's batch order (which is a pure
 function of seed and epoch), and the optimizer, scheduler and RNG states. Ctrl-C / SIGTERM finish
@@ -18,6 +21,7 @@ import math
 import random
 import signal
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,10 +85,21 @@ class Stop(Exception):
     """Raised inside the loop when a stopping condition is met."""
 
 
+class TrainerHook:
+    """Observes a Trainer: override what you need. `seconds` is the wall clock of that step or validation."""
+
+    def on_step(self, trainer: Trainer, seconds: float, sentences: int, tokens: int, skipped: bool) -> None:
+        """After each optimizer step (`skipped`: its loss was not finite, so no update was made)."""
+
+    def on_validation(self, trainer: Trainer, seconds: float) -> None:
+        """After each validation (the periodic ones and the final one)."""
+
+
 class Trainer:
     def __init__(self, model: Seq2Seq, data: PreparedData, config: TrainerConfig, optim: OptimConfig,
                  run_dir: str | Path, device: str | torch.device = "cpu", seed: int = 1234,
-                 run_config: dict | None = None, rank: int = 0, world_size: int = 1):
+                 run_config: dict | None = None, rank: int = 0, world_size: int = 1,
+                 hooks: Sequence[TrainerHook] = ()):
         check_edges(config.length_buckets, "trainer.length_buckets")  # fail now, not at the first validation
         if config.best_metric not in ("bleu", "chrf", "loss", "ppl"):
             raise NMTError(f"trainer.best_metric must be bleu, chrf, loss or ppl, not {config.best_metric!r}")
@@ -92,6 +107,7 @@ class Trainer:
         self.run_dir, self.device = Path(run_dir), torch.device(device)
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
         self.run_config = run_config or {}
+        self.hooks = list(hooks)
         self.model = model.to(self.device)
         self.module = model  # the bare model (not the DDP wrapper): checkpoints and decoding use it
         if world_size > 1:
@@ -268,7 +284,9 @@ class Trainer:
                         raise Stop("max_steps")
                     if self._any_rank(not self._budget_left(started)):
                         raise Stop("max_minutes")
+                    step_start = time.perf_counter()
                     loss_sum, n_tok, n_sent = self._train_step(groups[self.batch_pos])
+                    step_seconds = time.perf_counter() - step_start
                     self.batch_pos += 1
                     if loss_sum is not None:
                         self.step += 1
@@ -276,6 +294,8 @@ class Trainer:
                         window["tokens"] += n_tok
                         window["sentences"] += n_sent
                         bar.update(1)
+                    for hook in self.hooks:  # trainer.step is the step just taken
+                        hook.on_step(self, step_seconds, n_sent, n_tok, loss_sum is None)
                     if self.step % c.log_every == 0 and window["tokens"]:
                         self._log_train(window, bar)
                     if self.step % c.valid_every == 0 and loss_sum is not None:
@@ -380,7 +400,15 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ validation
     def _validate(self) -> bool:
-        """Validate, log, checkpoint; True when early stopping says stop."""
+        """Validate, log, checkpoint (and tell the hooks); True when early stopping says stop."""
+        start = time.perf_counter()
+        try:
+            return self._validate_once()
+        finally:
+            for hook in self.hooks:
+                hook.on_validation(self, time.perf_counter() - start)
+
+    def _validate_once(self) -> bool:
         metrics = evaluate_split(self.module, self.data, "valid", self.device, self.cfg.valid_batch_tokens,
                                  self.cfg.length_buckets, self.cfg.valid_max_sentences, self.autocast,
                                  heatmaps=self.cfg.heatmaps if self.writer else 0)

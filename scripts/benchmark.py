@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -73,7 +73,7 @@ from nmt.device import describe_machine, resolve_device
 from nmt.memory import tune_allocator, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig, Seq2Seq
-from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+from nmt.trainer import OptimConfig, Trainer, TrainerConfig, TrainerHook
 from nmt.translator import Translator
 
 log = logging.getLogger("benchmark")
@@ -233,44 +233,32 @@ def flops_report(cfg: ModelConfig, tgt_vocab: int, src_lengths: torch.Tensor, tg
 
 
 # ------------------------------------------------------------------------------------------- training
-class MeteredTrainer(Trainer):
-    """The Trainer, timing its steps and validations apart and counting what it trained on.
+class Meter(TrainerHook):
+    """Times the Trainer's optimizer steps and validations apart and counts what it trained on.
 
-    Trainer.elapsed (the budget's clock) leaves validations out; here they count toward trainer.max_minutes,
-    so the budget is the training wall clock with validations included, as the peers' TRAIN_SECONDS is.
+    The Trainer's budget (trainer.max_minutes) already counts the validations inside the loop, as the
+    peers' TRAIN_SECONDS does; its final validation comes after the budget.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self):
         self.step_seconds = self.valid_seconds = 0.0
         self.validations = self.sentences = self.target_tokens = 0
 
-    def _train_step(self, group: list[list[int]]) -> tuple[float | None, int, int]:
-        start = time.perf_counter()
-        loss, tokens, sentences = super()._train_step(group)
-        self.step_seconds += time.perf_counter() - start
-        if loss is not None:
+    def on_step(self, trainer: Trainer, seconds: float, sentences: int, tokens: int, skipped: bool) -> None:
+        self.step_seconds += seconds
+        if not skipped:
             self.sentences += sentences
             self.target_tokens += tokens
-        return loss, tokens, sentences
 
-    def _validate(self) -> bool:
-        start = time.perf_counter()
-        try:
-            return super()._validate()
-        finally:
-            self.valid_seconds += time.perf_counter() - start
-            self.validations += 1
-
-    def _budget_left(self, started: float) -> bool:
-        if self.cfg.max_minutes is None:
-            return True
-        return self.elapsed + self.valid_seconds + (time.time() - started) < self.cfg.max_minutes * 60
+    def on_validation(self, trainer: Trainer, seconds: float) -> None:
+        self.valid_seconds += seconds
+        self.validations += 1
 
 
-def train(cfg: DictConfig, run_dir: Path, device: str, trainer_class: type[MeteredTrainer] = MeteredTrainer,
+def train(cfg: DictConfig, run_dir: Path, device: str, hooks: Sequence[TrainerHook] = ()
           ) -> tuple[dict, Path, PreparedData]:
-    """Train the composed config in this process; (measurements, last checkpoint, prepared data)."""
+    """Train the composed config in this process (`hooks` observe it too); (measurements, last checkpoint,
+    prepared data)."""
     tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
     ocfg = typed(OptimConfig, cfg.optim, "optim")
     mcfg = build_model_config(cfg.model, cfg.attention)
@@ -281,30 +269,31 @@ def train(cfg: DictConfig, run_dir: Path, device: str, trainer_class: type[Meter
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
-    trainer = trainer_class(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg))
+    meter = Meter()
+    trainer = Trainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg), hooks=[meter, *hooks])
     real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
     log.info("training %s parameters for %.0f s on %d thread(s)", f"{model.num_parameters():,}",
              60 * (tcfg.max_minutes or 0), torch.get_num_threads())
     start = time.perf_counter()
     summary = trainer.train()
     total_seconds = time.perf_counter() - start
-    train_seconds = trainer.elapsed  # the loop's wall clock with validations taken out
+    train_seconds = trainer.elapsed  # the loop's wall clock (validations inside the budget included)
     steps_per_epoch = max(math.ceil(len(trainer.sampler) / tcfg.accumulate), 1)
     result = {
         "budget_seconds": round(60 * tcfg.max_minutes, 1) if tcfg.max_minutes else None,
         "data_prep_seconds": round(prep_seconds, 2),
         "total_seconds": round(total_seconds, 2),  # train() end to end, the final validation included
         "train_seconds": round(train_seconds, 2),
-        "step_seconds": round(trainer.step_seconds, 2),  # inside the optimizer steps only
-        "valid_seconds": round(trainer.valid_seconds, 2),
-        "validations": trainer.validations,
+        "step_seconds": round(meter.step_seconds, 2),  # inside the optimizer steps only
+        "valid_seconds": round(meter.valid_seconds, 2),
+        "validations": meter.validations,
         "amp": trainer.amp, "bucketing": tcfg.bucketing, "batch_tokens": tcfg.batch_tokens,
         "steps": summary["step"], "epochs": round(trainer.epoch + trainer.batch_pos / steps_per_epoch, 3),
         "stopped_by": summary["stopped_by"],
-        "sentences": trainer.sentences, "target_tokens": trainer.target_tokens,
-        "sentences_per_s": round(trainer.sentences / train_seconds, 2),
-        "target_tokens_per_s": round(trainer.target_tokens / train_seconds, 1),
-        "sentences_per_s_steps_only": round(trainer.sentences / max(trainer.step_seconds, 1e-9), 2),
+        "sentences": meter.sentences, "target_tokens": meter.target_tokens,
+        "sentences_per_s": round(meter.sentences / train_seconds, 2),
+        "target_tokens_per_s": round(meter.target_tokens / train_seconds, 1),
+        "sentences_per_s_steps_only": round(meter.sentences / max(meter.step_seconds, 1e-9), 2),
         "real_tokens_epoch0": real, "padded_tokens_epoch0": padded,
         "padding_overhead": round(padded / max(real, 1), 4),
         "peak_rss_gib": round(max_rss_gib(), 3),  # the whole process so far, data preparation included

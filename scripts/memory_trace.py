@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 from nmt.cli.common import user_errors  # noqa: E402
 from nmt.memory import glibc  # noqa: E402
+from nmt.trainer import TrainerHook  # noqa: E402
 
 MIB = 2**20
 ENVIRONMENT = ("NMT_TUNE_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
@@ -89,18 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     steps: list[dict] = []
     start = time.perf_counter()
 
-    class TracedTrainer(bench.MeteredTrainer):
-        def _train_step(self, group):
-            out = super()._train_step(group)
+    class Trace(TrainerHook):
+        def on_step(self, trainer, seconds, sentences, tokens, skipped):
             row = {"seconds": round(time.perf_counter() - start, 2), "resident": round(resident_mib(), 1)}
             if heap is not None:
                 row.update(zip(("heap_in_use", "heap_free", "mapped"), (round(v, 1) for v in heap()), strict=True))
             steps.append(row)
             if len(steps) % args.every == 0:
                 print(f"step {len(steps)}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-            return out
 
-    result, _, _ = bench.train(cfg, work / "run", bench.resolve_device(cfg.device), TracedTrainer)
+    result, _, _ = bench.train(cfg, work / "run", bench.resolve_device(cfg.device), hooks=[Trace()])
     summary = {"command": " ".join([sys.executable, *sys.argv]), "overrides": overrides,
                "allocator": bench.tune_allocator(),  # what nmt/memory.py set; then the variables as they were
                "environment": {k: os.environ.get(k) for k in ENVIRONMENT}, "steps": len(steps),

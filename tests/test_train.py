@@ -268,3 +268,30 @@ def test_verse_windows_train_and_resume_exactly(tmp_path):
         tmp_path / "whole" / "checkpoints" / "last.pt")
     assert all(torch.equal(a, b) for a, b in zip(resumed.module.state_dict().values(),
                                                   whole.module.state_dict().values(), strict=True))
+
+
+def test_hooks_see_every_step_and_every_validation(tiny_data, tmp_path):
+    """A TrainerHook is told after each optimizer step (with its sentences and tokens) and each validation,
+    the final one included; it observes without changing the run."""
+    from nmt.trainer import OptimConfig, Trainer, TrainerConfig, TrainerHook
+
+    class Record(TrainerHook):
+        def __init__(self):
+            self.steps, self.validations = [], []
+
+        def on_step(self, trainer, seconds, sentences, tokens, skipped):
+            self.steps.append((trainer.step, sentences, tokens, skipped, seconds >= 0))
+
+        def on_validation(self, trainer, seconds):
+            self.validations.append(trainer.step)
+
+    record = Record()
+    config = TrainerConfig(progress=False, max_steps=7, max_epochs=None, valid_every=3, batch_tokens=200,
+                           heatmaps=0, patience=0, log_every=5, amp="off")
+    torch.manual_seed(0)
+    trainer = Trainer(tiny_model(tiny_data), tiny_data, config, OptimConfig(lr=0.01), tmp_path, device="cpu",
+                      seed=1, hooks=[record])
+    trainer.train()
+    assert [s[0] for s in record.steps] == list(range(1, 8)) and not any(s[3] for s in record.steps)
+    assert all(s[1] > 0 and s[2] >= s[1] and s[4] for s in record.steps)
+    assert record.validations == [3, 6, 7]
