@@ -41,7 +41,6 @@ import json
 import logging
 import math
 import os
-import random
 import resource
 import shlex
 import subprocess
@@ -62,18 +61,16 @@ from omegaconf import DictConfig
 from nmt.cli.common import (
     CONFIG_DIR,
     build_corpus,
-    build_model_config,
+    build_run,
     load_data,
-    plain,
-    typed,
     user_errors,
 )
 from nmt.data import PreparedData, padding_overhead
 from nmt.device import describe_machine, resolve_device
 from nmt.memory import tune_allocator, untuned_environment
 from nmt.metrics import corpus_scores
-from nmt.model import ModelConfig, Seq2Seq
-from nmt.trainer import OptimConfig, Trainer, TrainerConfig, TrainerHook
+from nmt.model import ModelConfig
+from nmt.trainer import Trainer, TrainerHook
 from nmt.translator import Translator
 
 log = logging.getLogger("benchmark")
@@ -259,18 +256,13 @@ def train(cfg: DictConfig, run_dir: Path, device: str, hooks: Sequence[TrainerHo
           ) -> tuple[dict, Path, PreparedData]:
     """Train the composed config in this process (`hooks` observe it too); (measurements, last checkpoint,
     prepared data)."""
-    tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
-    ocfg = typed(OptimConfig, cfg.optim, "optim")
-    mcfg = build_model_config(cfg.model, cfg.attention)
     start = time.perf_counter()
     data = load_data(cfg)
     prep_seconds = time.perf_counter() - start
     rss_after_prep = max_rss_gib()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
     meter = Meter()
-    trainer = Trainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg), hooks=[meter, *hooks])
+    trainer = build_run(cfg, run_dir, device, data, hooks=[meter, *hooks])
+    model, tcfg = trainer.module, trainer.cfg
     real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
     log.info("training %s parameters for %.0f s on %d thread(s)", f"{model.num_parameters():,}",
              60 * (tcfg.max_minutes or 0), torch.get_num_threads())

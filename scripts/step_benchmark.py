@@ -30,8 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: must come before torch)
@@ -40,12 +40,10 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 import torch
 from hydra import compose, initialize_config_dir
 
-from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed, user_errors
-from nmt.data import TokenBatchSampler, collate
+from nmt.cli.common import CONFIG_DIR, build_run, load_data, user_errors
+from nmt.data import collate
 from nmt.device import describe_machine
 from nmt.loss import token_loss
-from nmt.model import Seq2Seq
-from nmt.trainer import OptimConfig, TrainerConfig
 
 VARIANTS = {  # name: (amp, bucketing, input_feeding)
     "fp32-sorted": ("off", "sorted", True),
@@ -78,18 +76,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def time_variant(cfg, data, amp: str, bucketing: str, feeding: bool, steps: int) -> dict:
-    """Sentences/s and target tokens/s over `steps` optimizer steps after a short warm-up."""
-    tcfg, ocfg = typed(TrainerConfig, cfg.trainer, "trainer"), typed(OptimConfig, cfg.optim, "optim")
-    mcfg = build_model_config(cfg.model, cfg.attention)
-    mcfg.input_feeding = feeding
-    torch.manual_seed(cfg.seed)
-    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=ocfg.lr, fused=True)
-    split = data.train_split(0, cfg.seed)  # epoch 0's examples: verse windows when data.window > 1
-    sampler = TokenBatchSampler(split.src_lengths, split.tgt_lengths, tcfg.batch_tokens, cfg.seed, bucketing=bucketing)
-    batches = sampler.batches(0)[: WARMUP + steps]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if amp == "bf16" else nullcontext()
+def time_variant(cfg, data, steps: int, work: Path) -> dict:
+    """Sentences/s and target tokens/s over `steps` optimizer steps after a short warm-up, with the model,
+    optimizer, batches and autocast of the Trainer that nmt-train would build from `cfg`."""
+    trainer = build_run(cfg, work, "cpu", data)
+    model, optimizer, tcfg = trainer.module.train(), trainer.optimizer, trainer.cfg
+    split = trainer.train_split  # epoch 0's examples: verse windows when data.window > 1
+    batches = trainer.sampler.batches(0)[: WARMUP + steps]
     sentences = tokens = 0
     start = 0.0
     for i, indices in enumerate(batches):
@@ -97,7 +90,7 @@ def time_variant(cfg, data, amp: str, bucketing: str, feeding: bool, steps: int)
             start = time.perf_counter()
         batch = collate(split, indices)
         optimizer.zero_grad(set_to_none=True)
-        with autocast:
+        with trainer.autocast():
             logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in)
         loss, n = token_loss(logits, batch.tgt_out, tcfg.label_smoothing)
         (loss / n).backward()
@@ -106,22 +99,27 @@ def time_variant(cfg, data, amp: str, bucketing: str, feeding: bool, steps: int)
         if i >= WARMUP:
             sentences, tokens = sentences + len(indices), tokens + n
     seconds = time.perf_counter() - start
-    return {"amp": amp, "bucketing": bucketing, "input_feeding": feeding, "steps": len(batches) - WARMUP,
-            "seconds": round(seconds, 3), "sentences_per_s": round(sentences / seconds, 1),
-            "target_tokens_per_s": round(tokens / seconds, 1)}
+    return {"amp": tcfg.amp, "bucketing": tcfg.bucketing, "input_feeding": model.config.input_feeding,
+            "steps": len(batches) - WARMUP, "seconds": round(seconds, 3),
+            "sentences_per_s": round(sentences / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     torch.set_num_threads(args.threads)
+    root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
+    base = ["experiment=multi30k_deen", *root, "trainer.progress=false", *overrides]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
-        cfg = compose("train", overrides=["experiment=multi30k_deen", *root, "trainer.progress=false", *overrides])
-    data = load_data(cfg)
+        data = load_data(compose("train", overrides=base))
+        names = args.variants or [v for v in VARIANTS if v != "fp32-exact-nofeed"]
+        configs = {name: compose("train", overrides=[*base, f"trainer.amp={VARIANTS[name][0]}",
+                                                     f"trainer.bucketing={VARIANTS[name][1]}",
+                                                     f"model.input_feeding={VARIANTS[name][2]}"]) for name in names}
     results, first = {}, None
     print(f"{'variant':20s} {'sent/s':>8s} {'tok/s':>8s} {'ratio':>6s}")
-    for name in args.variants or [v for v in VARIANTS if v != "fp32-exact-nofeed"]:
-        r = time_variant(cfg, data, *VARIANTS[name], args.steps)
+    work = Path(tempfile.mkdtemp(prefix="nmt-steps-"))  # the Trainers' run directory (nothing is written)
+    for name in names:
+        r = time_variant(configs[name], data, args.steps, work)
         first = first or r["target_tokens_per_s"]
         r["ratio"] = round(r["target_tokens_per_s"] / first, 3)  # tokens, not sentences: batches differ by bucketing
         results[name] = r

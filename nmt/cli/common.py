@@ -13,6 +13,7 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -175,3 +176,27 @@ def check_splits(corpus) -> None:
         hint = ("give a validation set with data.valid=FILE, or more lines or a larger data.valid_percent"
                 if corpus.name == "files" else "use a larger corpus (data.valid_size for data=synthetic)")
         raise DataError(f"corpus {corpus.name} has no validation pairs ({sizes}); {hint}")
+
+
+def build_run(cfg: DictConfig, run_dir: str | Path, device: str = "cpu", data=None, resume: str | None = None,
+              rank: int = 0, world_size: int = 1, hooks: Sequence = ()):
+    """The Trainer of a composed training config, built the one way every command and script builds it:
+    the typed trainer/optim/model sections, the prepared data (`data`, when the caller prepared it, e.g. to
+    time it or to order it between processes), the model from `cfg.seed` (random and torch seeded), and the
+    Trainer with the resolved config, `resume` (a checkpoint path, or None) and `hooks` (TrainerHook)."""
+    import random
+
+    import torch
+
+    from nmt.model import Seq2Seq
+    from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+
+    tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
+    ocfg = typed(OptimConfig, cfg.optim, "optim")
+    mcfg = build_model_config(cfg.model, cfg.attention)
+    data = load_data(cfg) if data is None else data
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
+    tcfg.resume = resume
+    return Trainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg), rank, world_size, hooks)

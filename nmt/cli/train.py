@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import shutil
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, plain, typed, user_errors
+from nmt.cli.common import CONFIG_DIR, build_model_config, build_run, load_data, typed, user_errors
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
 
@@ -78,12 +77,10 @@ def shared_run_dir(run_dir: Path, rank: int, world: int) -> Path:
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     import torch
 
-    from nmt.model import Seq2Seq
-    from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+    from nmt.trainer import TrainerConfig
 
-    tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
-    ocfg = typed(OptimConfig, cfg.optim, "optim")
-    mcfg = build_model_config(cfg.model, cfg.attention)
+    tcfg = typed(TrainerConfig, cfg.trainer, "trainer")  # checked before any process group or data
+    build_model_config(cfg.model, cfg.attention)
     device = resolve_device(cfg.device)
     rank, world, local_rank = init_distributed(device)
     if device == "cuda" and world > 1:
@@ -99,17 +96,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     data = load_data(cfg)
     if world > 1 and rank == 0:
         torch.distributed.barrier()
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
-    tcfg.resume = resume_path(tcfg.resume, run_dir)
+    resume = resume_path(tcfg.resume, run_dir)
+    trainer = build_run(cfg, run_dir, device, data, resume, rank, world)
+    mcfg = trainer.module.config
     log.info("corpus %s: %s", data.corpus.name, ", ".join(f"{k} {len(v):,}" for k, v in data.encoded.items()))
     log.info("model: %s attention (query %s), %s parameters, device %s, %d thread(s)%s", mcfg.attention,
-             mcfg.attention_query, f"{model.num_parameters():,}", device, torch.get_num_threads(),
+             mcfg.attention_query, f"{trainer.module.num_parameters():,}", device, torch.get_num_threads(),
              f", {world} processes" if world > 1 else "")
-    if tcfg.resume:
-        log.info("resuming from %s", tcfg.resume)
-    trainer = Trainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg), rank, world)
+    if resume:
+        log.info("resuming from %s", resume)
     summary = trainer.train()
     if rank == 0:
         best = summary["best"]
