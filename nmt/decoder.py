@@ -11,10 +11,8 @@ The output layer reads h~_t in both. `step` is the single step used by search; `
 teacher-forced pass and runs the same `_step` (or, with query=current and no input feeding, one LSTM
 call over all steps followed by attention over all steps: the same arithmetic, batched).
 
-The step loop is written out rather than calling nn.LSTM once per step (its parameters are nn.LSTM's, so
-checkpoints are the same): the embeddings' share of the LSTM input is projected for all steps in one
-matmul, weights are cast once per batch under autocast, and the weights used at every step get their
-gradient in one matmul over all steps (nmt.stepweight). scripts/step_benchmark.py measures training steps.
+The step loop runs the LSTM written out one step at a time (nmt.lstm: nn.LSTM's parameters and arithmetic,
+with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
 
 Shapes: B batch, S source length, T target length, E embedding, H decoder hidden, D encoder state, V vocab.
 """
@@ -30,6 +28,7 @@ from torch import Tensor, nn
 from nmt.attention import Attention
 from nmt.device import run_lstm
 from nmt.encoder import EncoderOutput
+from nmt.lstm import LayerParams, layer_params, lstm_step
 from nmt.stepweight import StepWeight
 from nmt.tokenizer import PAD_ID
 
@@ -43,12 +42,6 @@ class DecoderState(NamedTuple):
         """Reorder/replicate along the batch (beam search)."""
         h, c = self.h.index_select(1, index), self.c.index_select(1, index)
         return DecoderState(h, c, self.feed.index_select(0, index))
-
-
-class LayerParams(NamedTuple):
-    w_x: Tensor | None  # (4H, E) layer 0 only: the embedding's share of W_ih
-    w_r: StepWeight  # (4H, recurrent inputs + H)
-    bias: Tensor  # (4H,)
 
 
 class StepParams(NamedTuple):
@@ -118,46 +111,16 @@ class Decoder(nn.Module):
     # ----------------------------------------------------------------------------------------- steps
     def step_params(self, device: torch.device) -> StepParams:
         """The parameters used at every step, arranged once per batch (and cast once, not once per step,
-        to the autocast dtype if autocast is on for `device`).
-
-        Per LSTM layer: W_x multiplies what is known before decoding starts (layer 0: the embeddings, for
-        all steps in one matmul), W_r everything recurrent ([feed; context; h_{t-1}] in layer 0, [x; h_{t-1}]
-        above it), b = b_ih + b_hh. They are slices of nn.LSTM's own parameters, so checkpoints do not change.
-        """
-        E, dtype = self.embed.embedding_dim, _autocast_dtype(device)
-        layers = []
-        for layer in range(self.num_layers):
-            w_ih, w_hh = getattr(self.rnn, f"weight_ih_l{layer}"), getattr(self.rnn, f"weight_hh_l{layer}")
-            bias = getattr(self.rnn, f"bias_ih_l{layer}") + getattr(self.rnn, f"bias_hh_l{layer}")
-            w_x = w_ih[:, :E] if layer == 0 else None
-            w_r = torch.cat([w_ih[:, E:], w_hh] if layer == 0 else [w_ih, w_hh], dim=1)
-            if w_x is not None and dtype is not None:
-                w_x = w_x.to(dtype)
-            layers.append(LayerParams(w_x, StepWeight.of(w_r, dtype), bias))
-        return StepParams(layers, StepWeight.of(self.combine.weight, dtype))
+        to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.lstm.layer_params)
+        and W_c."""
+        dtype = _autocast_dtype(device)
+        return StepParams(layer_params(self.rnn, self.embed.embedding_dim, dtype),
+                          StepWeight.of(self.combine.weight, dtype))
 
     def _inputs(self, emb: Tensor, params: StepParams) -> Tensor:
         """Layer 0's input projection for every step at once: emb (B, T, E) -> (B, T, 4H)."""
         first = params.layers[0]
         return F.linear(emb.to(first.w_x.dtype), first.w_x) + first.bias
-
-    def _lstm(self, x0: Tensor, recurrent: list[Tensor], state: DecoderState, params: StepParams):
-        """One LSTM step through every layer; the same arithmetic as nn.LSTM (gates i, f, g, o).
-
-        x0 (B, 4H) is layer 0's W_x x + b; `recurrent` its other inputs ([feed; context]).
-        Returns (top output (B, H), h (L, B, H), c (L, B, H)); under autocast h is in its dtype (the next
-        matmuls' input, cast once) and c stays fp32 (it accumulates over every step).
-        """
-        hs, cs, below = [], [], None
-        for layer, p in enumerate(params.layers):
-            inputs = recurrent if layer == 0 else [self.layer_dropout(below)]
-            gates = (x0 if layer == 0 else p.bias) + p.w_r(torch.cat([*inputs, state.h[layer]], dim=-1))  # (B, 4H)
-            i, f, g, o = gates.chunk(4, dim=-1)
-            c = torch.sigmoid(f) * state.c[layer] + torch.sigmoid(i) * torch.tanh(g)
-            below = (torch.sigmoid(o) * torch.tanh(c)).to(p.w_r.weight.dtype)  # h in the matmul dtype
-            hs.append(below)
-            cs.append(c)
-        return below, torch.stack(hs), torch.stack(cs)
 
     def _step(
         self, x0: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor, params: StepParams
@@ -167,7 +130,7 @@ class Decoder(nn.Module):
         if self.query == "previous":
             context, weights = self.attention(state.h[-1][:, None, :], keys, values, mask)  # (B, 1, D)
             recurrent.append(context[:, 0])
-        out, h, c = self._lstm(x0, recurrent, state, params)  # out (B, H)
+        out, h, c = lstm_step(x0, recurrent, state.h, state.c, params.layers, self.layer_dropout)  # out (B, H)
         if self.query == "current":
             context, weights = self.attention(out[:, None, :], keys, values, mask)  # (B, 1, D)
         attn_h = self.dropout(torch.tanh(params.combine(torch.cat([context[:, 0].to(out.dtype), out], dim=-1))))
