@@ -30,11 +30,14 @@ def evaluate(translator, pairs: Sequence[tuple[str, str]], edges: Sequence[int] 
              meta: dict | None = None) -> dict:
     """Translate the sources of `pairs`, score against their references, and write files to `out_dir`.
 
-    `meta` (plain values, e.g. the corpus name) is copied into the result and the JSON file.
+    `meta` (plain values, e.g. the corpus name) is copied into the result and the JSON file. A score is of
+    whole inputs: the translator's cap on source pieces (a guard for free text, 250 by default, which
+    windows of several Bible verses pass) is raised to the longest source here, so no input is cut.
     """
     if not pairs:
         raise DataError(f"split {split!r} has no sentence pairs to evaluate on")
     sources = [s for s, _ in pairs]
+    translator.fit_to(sources)
     references = [t for _, t in pairs]
     best = [nbest[0] for nbest in translator.translate(sources)]
     hypotheses = [t.text for t in best]

@@ -103,6 +103,13 @@ class Translator:
                 "attention": self.model.config.attention}
 
     # ------------------------------------------------------------------------------------------ translate
+    def fit_to(self, texts: list[str]) -> None:
+        """Raise max_src_pieces to the longest of `texts` (pieces, EOS included), so that none of them is cut:
+        for scoring a test set, where a cut input would lower the score for a reason that is not the model."""
+        if texts:
+            longest = max(len(ids) for ids in self.tokenizer.encode_src(texts))
+            self.max_src_pieces = max(self.max_src_pieces, longest)
+
     def translate(self, texts: list[str], first_line: int = 1) -> list[list[Translation]]:
         """The `nbest` best translations of every text, in input order (one for an empty text).
 

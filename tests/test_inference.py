@@ -173,6 +173,9 @@ class EchoTranslator:
     def __init__(self, pairs: list[tuple[str, str]]):
         self.ref = dict(pairs)
 
+    def fit_to(self, texts: list[str]) -> None:
+        """Nothing to fit: it cuts no input."""
+
     def translate(self, texts: list[str]) -> list[list[Translation]]:
         out = []
         for text in texts:
@@ -288,3 +291,17 @@ def test_bad_bucket_edges_fail_naming_the_option(edges):
     with pytest.raises(ConfigError, match=r"^trainer.length_buckets: bucket edges must be strictly increasing"):
         check_edges(edges, "trainer.length_buckets")
     assert check_edges((0, 10, 20), "x") == [0, 10, 20]
+
+
+def test_evaluation_cuts_no_source(translator_parts):
+    """A test set is scored on whole inputs: evaluate raises the Translator's cap on source pieces (a guard for
+    free text) to the longest source, so the long ones are translated whole."""
+    from nmt.evaluation import evaluate
+
+    model, tok = translator_parts
+    translator = Translator(model, tok, max_src_pieces=3, amp="off")
+    pairs = [(t, t) for t in TEXTS]
+    longest = max(len(ids) for ids in tok.encode_src(TEXTS))
+    assert longest > 3
+    result = evaluate(translator, pairs, heatmaps=0)
+    assert translator.max_src_pieces == longest == result["decoding"]["max_src_pieces"]

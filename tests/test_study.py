@@ -280,8 +280,10 @@ def _load_windowed(config: dict) -> Corpus:
 def test_verse_windows_are_detected_and_reported_per_k(sweep, study, tmp_path, one_thread):
     out = tmp_path / "out"
     _copy_runs(sweep, tmp_path, sorted(p.name for p in sweep.iterdir() if (p / "checkpoints").is_dir()))
-    settings = StudySettings(min_bucket=10, bootstrap=200, heatmaps=0)
+    # a cap of 3 source pieces (the Translator's option) would cut every input: the study raises it
+    settings = StudySettings(min_bucket=10, bootstrap=200, heatmaps=0, decoding={"max_src_pieces": 3})
     summary = run_study([tmp_path / "runs"], _load_windowed, out, settings, progress=False)
+    assert summary["decoding"]["max_src_pieces"] > 3  # evaluation raises it to the longest source: none is cut
     windows = summary["windows"]
     assert windows["splits"] == ["test_k1", "test_k2", "test_k3"] and windows["n"] == [60, 30, 24]
     assert windows["source_words"][0] < windows["source_words"][1] < windows["source_words"][2]
