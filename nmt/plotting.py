@@ -66,21 +66,9 @@ def bleu_by_length_figure(series: dict[str, list[dict]], title: str = "BLEU by s
         rows = [r for r in rows if r.get("bleu") is not None]
         if not rows:
             continue
-        x = [position[r["bucket"]] for r in rows]
-        line = ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)[0]
-        if all(r.get("low") is not None and r.get("high") is not None for r in rows):
-            ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2,
-                            color=line.get_color())
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(list(labels.values()), fontsize=8)
-    ax.set_xlabel("source sentence length (words)")
-    ax.set_ylabel("BLEU")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+        _line_with_band(ax, name, [position[r["bucket"]] for r in rows], rows)
+    return _finish_bleu_axes(fig, ax, list(range(len(labels))), list(labels.values()),
+                             "source sentence length (words)", title)
 
 
 def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by window size") -> Figure:
@@ -97,14 +85,22 @@ def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by w
             ticks.setdefault(r["k"], f"k={r['k']}\n({r.get('source_words', 0):.0f} words)")
         if not rows:
             continue
-        x = [r["k"] for r in rows]
-        line = ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)[0]
-        if all(r.get("low") is not None and r.get("high") is not None for r in rows):
-            ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2,
-                            color=line.get_color())
-    ax.set_xticks(sorted(ticks))
-    ax.set_xticklabels([ticks[k] for k in sorted(ticks)], fontsize=8)
-    ax.set_xlabel("verses per input (window size k)")
+        _line_with_band(ax, name, [r["k"] for r in rows], rows)
+    return _finish_bleu_axes(fig, ax, sorted(ticks), [ticks[k] for k in sorted(ticks)],
+                             "verses per input (window size k)", title)
+
+
+def _line_with_band(ax, name: str, x: list, rows: list[dict]) -> None:
+    """BLEU of `rows` at `x`, and the rows' interval ("low"/"high") as a band of the line's colour."""
+    line = ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)[0]
+    if all(r.get("low") is not None and r.get("high") is not None for r in rows):
+        ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2, color=line.get_color())
+
+
+def _finish_bleu_axes(fig: Figure, ax, ticks: list, labels: list[str], xlabel: str, title: str) -> Figure:
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("BLEU")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

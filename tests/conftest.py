@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
+def dress_as_chapters():
+    """dress(corpus, window, seed, shortest, longest) -> corpus: its training pairs dressed as Bible chapters
+    of shortest..longest consecutive verses (drawn from `seed`), trained in windows of up to `window`."""
+
+    def dress(corpus, window: int, seed: int, shortest: int, longest: int):
+        rng, n, chapters = random.Random(seed), len(corpus.splits["train"]), []
+        while len(chapters) < n:
+            chapters += [len(chapters) + 1] * rng.randint(shortest, longest)
+        corpus.chapters, corpus.window = {"train": chapters[:n]}, window
+        return corpus
+
+    return dress

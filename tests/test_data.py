@@ -173,15 +173,11 @@ def test_length_filter_applies_to_train_only(tmp_path):
 
 # --------------------------------------------------------------------------------------------- verse windows
 @pytest.fixture(scope="module")
-def windowed(tmp_path_factory):
+def windowed(tmp_path_factory, dress_as_chapters):
     """A synthetic corpus dressed as chapters of 1-9 verses, with windows of up to 3 verses."""
     corpus = load_synthetic(seed=4, train_size=400, valid_size=20, test_size=20, min_len=2, max_len=6,
                             test_min_len=2, test_max_len=6, vocab_words=30)
-    rng = random.Random(0)
-    chapters = []
-    while len(chapters) < 400:
-        chapters += [len(chapters) + 1] * rng.randint(1, 9)
-    corpus.chapters, corpus.window = {"train": chapters[:400]}, 3
+    corpus = dress_as_chapters(corpus, window=3, seed=0, shortest=1, longest=9)
     return prepare(corpus, TokenizerSettings(vocab_size=70), 100, tmp_path_factory.mktemp("windows"), progress=False)
 
 

@@ -234,22 +234,16 @@ def test_a_capped_validation_spreads_over_the_split(tiny_data):
     assert [row["n"] for row in metrics["by_length"]] == [short, len(by_length) - short, 0]
 
 
-def test_verse_windows_train_and_resume_exactly(tmp_path):
+def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters):
     """With data.window > 1 every epoch trains on new windows; a run stopped after epoch 1 and resumed
     ends with the same weights and losses as one that was never stopped (fp32, one thread)."""
-    import random as random_module
-
     from nmt.corpora import load_synthetic
     from nmt.data import TokenizerSettings, prepare
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
 
     corpus = load_synthetic(seed=3, train_size=240, valid_size=10, test_size=5, min_len=2, max_len=5,
                             test_min_len=2, test_max_len=5, vocab_words=15)
-    rng = random_module.Random(1)
-    chapters = []
-    while len(chapters) < 240:
-        chapters += [len(chapters) + 1] * rng.randint(2, 8)
-    corpus.chapters, corpus.window = {"train": chapters[:240]}, 3
+    corpus = dress_as_chapters(corpus, window=3, seed=1, shortest=2, longest=8)
     data = prepare(corpus, TokenizerSettings(vocab_size=40), 100, tmp_path / "data", progress=False)
 
     def run(run_dir, epochs, resume=None):
