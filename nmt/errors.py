@@ -7,6 +7,11 @@ points print such an error as one line and exit with status 2, without a traceba
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class NMTError(Exception):
     """An error caused by the user's input, with a message that says how to fix it."""
@@ -22,3 +27,18 @@ class CheckpointError(NMTError):
 
 class ConfigError(NMTError):
     """A configuration value is unknown or of the wrong type."""
+
+
+@contextmanager
+def command_errors(prog: str) -> Iterator[None]:
+    """The body of a command without Hydra (nmt-translate, nmt-serve): an NMTError becomes one line
+    `prog: error: ...` and exit status 2 (NMT_DEBUG=1 shows the traceback); Ctrl-C exits 130 quietly."""
+    try:
+        yield
+    except NMTError as e:
+        if os.environ.get("NMT_DEBUG"):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -141,17 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="nmt-serve: %(levelname)s: %(message)s", level=logging.WARNING)
     # the reply reports cut sources as notes; the Translator's own warning ("line 1: ...") would only repeat it
     logging.getLogger("nmt.translator").setLevel(logging.ERROR)
-    from nmt.errors import NMTError
+    from nmt.errors import command_errors
 
-    try:
+    with command_errors("nmt-serve"):
         serve(args)
-    except NMTError as e:
-        if os.environ.get("NMT_DEBUG"):
-            raise
-        print(f"nmt-serve: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -150,17 +150,11 @@ def translate(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(format="nmt-translate: warning: %(message)s", level=logging.WARNING)
-    from nmt.errors import NMTError
+    from nmt.errors import command_errors
 
     try:
-        translate(args)
-    except NMTError as e:
-        if os.environ.get("NMT_DEBUG"):
-            raise
-        print(f"nmt-translate: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        with command_errors("nmt-translate"):
+            translate(args)
     except BrokenPipeError:  # e.g. `nmt-translate ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)
