@@ -1,9 +1,9 @@
 """python scripts/memory_trace.py [--seconds 240] [--threads 2] [--out FILE] [KEY=VALUE ...]
 
 Where a training run's memory goes, step by step: trains the `multi30k_deen` preset as scripts/benchmark.py
-does (no validation until the end) and after every optimizer step records the process's resident memory
-and, on Linux with glibc, the heap's bytes in use, its free bytes (held by the process but not in use:
-fragmentation) and the bytes in separately mapped blocks:
+does (no validation until the end; --tiny: a small `quick` run, for the tests) and after every optimizer step
+records the process's resident memory and, on Linux with glibc, the heap's bytes in use, its free bytes (held by
+the process but not in use: fragmentation) and the bytes in separately mapped blocks:
 
     python scripts/memory_trace.py --out /tmp/trace.json                  # with nmt/memory.py's settings
     NMT_TUNE_ALLOCATOR=0 python scripts/memory_trace.py --out /tmp/raw.json   # without them, to compare
@@ -20,21 +20,25 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nmt.cli  # noqa: F401  (applies nmt/memory.py's settings: must come before torch)
 
-import benchmark as bench  # noqa: E402  (before torch: it applies nmt/memory.py's settings)
-import torch  # noqa: E402
+# isort: split
+import torch
 
-from nmt.cli.common import user_errors  # noqa: E402
-from nmt.memory import glibc  # noqa: E402
-from nmt.trainer import TrainerHook  # noqa: E402
+from nmt.cli.common import build_run, compose_config, user_errors
+from nmt.device import resolve_device
+from nmt.memory import glibc, tune_allocator
+from nmt.trainer import TrainerHook
 
 MIB = 2**20
+PRESET = ["experiment=multi30k_deen"]  # scripts/benchmark.py's
+TINY = ["experiment=quick", "data.train_size=400", "data.valid_size=20", "data.test_size=20"]  # seconds
 ENVIRONMENT = ("NMT_TUNE_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
                "MALLOC_MMAP_THRESHOLD_", "OMP_NUM_THREADS")
 
@@ -80,18 +84,22 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--seconds must be positive and --every at least 1")
     if not Path("/proc/self/statm").exists():
         p.error("resident memory is read from /proc/self/statm: Linux only")
-    bargs = bench.parse_args(["--train-seconds", str(args.seconds), "--threads", str(args.threads),
-                              "--data", args.data, *(["--tiny"] if args.tiny else []), *args.overrides])
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="nmt-memory-"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg, overrides = bench.compose_config(bargs, work)
+    data = [f"paths.data_dir={work / 'data'}"] if args.tiny else [f"data.root={Path(args.data).resolve()}"]
+    overrides = [*(TINY if args.tiny else PRESET), *data, f"trainer.max_minutes={args.seconds / 60}",
+                 "trainer.max_steps=null", "trainer.valid_every=1000000", f"trainer.threads={args.threads}",
+                 "trainer.progress=false", "trainer.heatmaps=0", *args.overrides]  # validation only at the end
+    cfg = compose_config(overrides)
     torch.set_num_threads(args.threads)
     heap = heap_reader()
     steps: list[dict] = []
+    sentences_seen = [0]
     start = time.perf_counter()
 
     class Trace(TrainerHook):
         def on_step(self, trainer, seconds, sentences, tokens, skipped):
+            sentences_seen[0] += sentences
             row = {"seconds": round(time.perf_counter() - start, 2), "resident": round(resident_mib(), 1)}
             if heap is not None:
                 row.update(zip(("heap_in_use", "heap_free", "mapped"), (round(v, 1) for v in heap()), strict=True))
@@ -99,12 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             if len(steps) % args.every == 0:
                 print(f"step {len(steps)}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
 
-    result, _, _ = bench.train(cfg, work / "run", bench.resolve_device(cfg.device), hooks=[Trace()])
+    trainer = build_run(cfg, work / "run", resolve_device(cfg.device), hooks=[Trace()])
+    trainer.train()
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     summary = {"command": " ".join([sys.executable, *sys.argv]), "overrides": overrides,
-               "allocator": bench.tune_allocator(),  # what nmt/memory.py set; then the variables as they were
+               "allocator": tune_allocator(),  # what nmt/memory.py set; then the variables as they were
                "environment": {k: os.environ.get(k) for k in ENVIRONMENT}, "steps": len(steps),
-               "sentences_per_s": result["sentences_per_s"], "peak_resident_mib": round(result["peak_rss_gib"] * 1024),
-               "end": steps[-1] if steps else None}
+               "sentences_per_s": round(sentences_seen[0] / max(trainer.elapsed, 1e-9), 2),
+               "peak_resident_mib": round(peak_mib), "end": steps[-1] if steps else None}
     print(json.dumps(summary, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps({**summary, "trace": steps}, indent=1) + "\n")

@@ -206,7 +206,7 @@ def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_pat
 
 
 def test_memory_trace_records_every_step(tmp_path):
-    """scripts/memory_trace.py on the benchmark's tiny setting: a row per optimizer step, memory figures > 0."""
+    """scripts/memory_trace.py on its tiny setting: a row per optimizer step, memory figures > 0."""
     out = tmp_path / "trace.json"
     cmd = [sys.executable, str(SCRIPT.parent / "memory_trace.py"), "--tiny", "--seconds", "3", "--threads", "1",
            "--every", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
