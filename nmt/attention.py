@@ -25,6 +25,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from nmt.choices import LuongScore, choice
+
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """Softmax over the last axis of `scores` (B, T, S) with ~mask (B, S) set to -inf, in fp32."""
@@ -100,10 +102,9 @@ class LuongAttention(Attention):
     """Luong et al. (2015) global attention with score `dot` (s^T h), `general` (s^T W h) or
     `concat` (v^T tanh(W [s; h]), computed as v^T tanh(W_s s + W_h h) with W = [W_s W_h])."""
 
-    def __init__(self, query_dim: int, value_dim: int, score: str = "general"):
+    def __init__(self, query_dim: int, value_dim: int, score: LuongScore = LuongScore.general):
         super().__init__(query_dim, value_dim)
-        if score not in ("dot", "general", "concat"):
-            raise ValueError(f"attention.score must be dot, general or concat, not {score!r}")
+        score = choice(LuongScore, score, "attention.score")
         if score == "dot" and query_dim != value_dim:
             raise ValueError(
                 f"attention.score=dot needs the decoder hidden size ({query_dim}) to equal the encoder "

@@ -20,18 +20,22 @@ import torch
 from tqdm import tqdm
 
 from nmt.atomic import atomic_path
+from nmt.choices import Bucketing, TokenizerType, choice
 from nmt.corpora import Corpus, Pair
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1
+DEFAULT_MAX_LENGTH = 100  # data.max_length: training pairs with more pieces on either side are dropped
 
 
-@dataclass(frozen=True)
+@dataclass
 class TokenizerSettings:
-    type: str = "unigram"
+    """SentencePiece, trained on the training split only (cached under `paths.data_dir`/cache)."""
+
+    type: TokenizerType = TokenizerType.unigram
     vocab_size: int = 8000
-    joint: bool = True
+    joint: bool = True  # one vocabulary for source and target
     character_coverage: float = 1.0
 
 
@@ -250,7 +254,6 @@ class TokenBatchSampler:
     steps, the ranks' shards are disjoint, and together they cover every sentence once per epoch.
     """
 
-    BUCKETINGS = ("exact", "sorted")
     MERGE_BELOW = 0.5  # exact: a batch under this fraction of batch_tokens goes on into the next length
 
     def __init__(
@@ -263,10 +266,9 @@ class TokenBatchSampler:
         rank: int = 0,
         world_size: int = 1,
         sort_pool: int = 100,
-        bucketing: str = "exact",
+        bucketing: Bucketing = Bucketing.exact,
     ):
-        if bucketing not in self.BUCKETINGS:
-            raise ValueError(f"trainer.bucketing must be one of {', '.join(self.BUCKETINGS)}, not {bucketing!r}")
+        bucketing = choice(Bucketing, bucketing, "trainer.bucketing")
         self.src_lengths = src_lengths.tolist()
         self.lengths = torch.maximum(src_lengths, tgt_lengths).tolist()
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.attention import Attention
+from nmt.choices import Bridge, Query, choice
 from nmt.device import run_lstm
 from nmt.encoder import EncoderOutput
 from nmt.lstm import LayerParams, layer_params, lstm_step
@@ -60,16 +61,13 @@ class Decoder(nn.Module):
         attention: Attention,
         num_layers: int = 1,
         dropout: float = 0.0,
-        query: str = "current",
+        query: Query = Query.current,
         input_feeding: bool = True,
-        bridge: str = "bridge",
+        bridge: Bridge = Bridge.bridge,
         tie_embeddings: bool = False,
     ):
         super().__init__()
-        if query not in ("current", "previous"):
-            raise ValueError(f"attention.query must be 'current' (Luong) or 'previous' (Bahdanau), not {query!r}")
-        if bridge not in ("bridge", "zero"):
-            raise ValueError(f"model.bridge must be 'bridge' or 'zero', not {bridge!r}")
+        query, bridge = choice(Query, query, "attention.query"), choice(Bridge, bridge, "model.bridge")
         self.query, self.input_feeding, self.bridge_kind = query, input_feeding, bridge
         self.num_layers, self.hidden_size, self.encoder_layers = num_layers, hidden_size, encoder_layers
         self.attention = attention

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+from nmt.choices import Amp, choice
 from nmt.errors import ConfigError
 
 
@@ -44,8 +45,7 @@ def native_bf16(device_type: str) -> bool:
 def use_bf16(amp: str, device_type: str, option: str = "amp") -> bool:
     """Whether to compute under bf16 autocast: amp is "bf16", or "auto" on hardware with native bf16;
     anything but auto, bf16 or off is a ConfigError naming `option`."""
-    if amp not in ("auto", "bf16", "off"):
-        raise ConfigError(f"{option} must be auto, bf16 or off, not {amp!r}")
+    amp = choice(Amp, amp, option)
     return amp == "bf16" or (amp == "auto" and native_bf16(device_type))
 
 

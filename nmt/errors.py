@@ -25,8 +25,8 @@ class CheckpointError(NMTError):
     """A checkpoint is missing, truncated, foreign or incompatible."""
 
 
-class ConfigError(NMTError):
-    """A configuration value is unknown or of the wrong type."""
+class ConfigError(NMTError, ValueError):
+    """A configuration value is unknown or of the wrong type (a ValueError too, for library callers)."""
 
 
 @contextmanager

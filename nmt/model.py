@@ -9,11 +9,13 @@ The loss is nmt.loss.token_loss.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 import torch
 from torch import Tensor, nn
 
 from nmt.attention import build_attention
+from nmt.choices import Bridge, Query
 from nmt.decoder import Decoder, DecoderState
 from nmt.encoder import Encoder, EncoderOutput
 
@@ -31,15 +33,16 @@ class ModelConfig:
     hidden_size: int = 512  # decoder
     decoder_layers: int = 1
     dropout: float = 0.3
-    bridge: str = "bridge"  # bridge | zero
+    bridge: Bridge = Bridge.bridge  # bridge (tanh linear from the encoder's final states) | zero
     input_feeding: bool = True
     tie_embeddings: bool = False
     attention: str = "luong"  # a name in nmt.attention.ATTENTIONS
-    attention_query: str = "current"  # current (Luong order) | previous (Bahdanau order)
+    attention_query: Query = Query.current  # current (Luong order) | previous (Bahdanau order)
     attention_options: dict = field(default_factory=dict)  # the attention class's own arguments
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain values (choices as str): checkpoints are read with torch.load(weights_only=True)."""
+        return {k: str(v) if isinstance(v, Enum) else v for k, v in asdict(self).items()}
 
 
 class Seq2Seq(nn.Module):

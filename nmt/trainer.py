@@ -23,7 +23,7 @@ import signal
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +32,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.choices import Amp, Bucketing, Metric, Optimizer, Schedule, choice
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
 from nmt.device import use_bf16
 from nmt.errors import CheckpointError, NMTError
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainerConfig:
     batch_tokens: int = 4096  # padded tokens per batch (max of source/target length x sentences)
-    bucketing: str = "exact"  # exact (each batch's sources share one length: no encoder padding) | sorted
+    bucketing: Bucketing = Bucketing.exact  # exact (each batch's sources share one length: no encoder padding) | sorted
     accumulate: int = 1  # batches per optimizer step
     max_steps: int | None = None
     max_epochs: int | None = 10
@@ -57,24 +58,24 @@ class TrainerConfig:
     valid_batch_tokens: int = 4000
     valid_max_sentences: int | None = None  # validate on N sentences spread over the split (None: all)
     patience: int = 8  # validations without improvement before stopping (0: never stop early)
-    best_metric: str = "bleu"  # bleu | chrf | loss | ppl
+    best_metric: Metric = Metric.bleu  # bleu | chrf | loss | ppl
     log_every: int = 50
     threads: int | None = None  # CPU threads (None: torch's default)
     resume: str | None = None
     heatmaps: int = 3  # validation sentences drawn to TensorBoard at every validation
     length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     max_bad_steps: int = 5  # consecutive non-finite losses before giving up
-    amp: str = "auto"  # auto (bf16 where the hardware has it: CUDA, CPUs with AVX-512 BF16/AMX) | bf16 | off
+    amp: Amp = Amp.auto  # auto (bf16 where the hardware has it: CUDA, CPUs with AVX-512 BF16/AMX) | bf16 | off
     progress: bool = True
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # adam | adamw
+    name: Optimizer = Optimizer.adam  # adam | adamw
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 0.0
-    schedule: str = "constant"  # constant | warmup | plateau
+    schedule: Schedule = Schedule.constant  # constant | warmup | plateau
     warmup_steps: int = 0  # linear warmup (any schedule)
     plateau_factor: float = 0.5
     plateau_patience: int = 2
@@ -101,8 +102,12 @@ class Trainer:
                  run_config: dict | None = None, rank: int = 0, world_size: int = 1,
                  hooks: Sequence[TrainerHook] = ()):
         check_edges(config.length_buckets, "trainer.length_buckets")  # fail now, not at the first validation
-        if config.best_metric not in ("bleu", "chrf", "loss", "ppl"):
-            raise NMTError(f"trainer.best_metric must be bleu, chrf, loss or ppl, not {config.best_metric!r}")
+        # the choices checked, and kept as plain str: they go into checkpoints (read with weights_only=True)
+        config = replace(config, best_metric=choice(Metric, config.best_metric, "trainer.best_metric").value,
+                         bucketing=choice(Bucketing, config.bucketing, "trainer.bucketing").value,
+                         amp=choice(Amp, config.amp, "trainer.amp").value)
+        optim = replace(optim, name=choice(Optimizer, optim.name, "optim.name").value,
+                        schedule=choice(Schedule, optim.schedule, "optim.schedule").value)
         self.cfg, self.optim_cfg, self.data, self.seed = config, optim, data, seed
         self.run_dir, self.device = Path(run_dir), torch.device(device)
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
@@ -119,10 +124,6 @@ class Trainer:
             self.plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
                 self.optimizer, mode=mode, factor=optim.plateau_factor, patience=optim.plateau_patience,
                 min_lr=optim.min_lr)
-        elif optim.schedule not in ("constant", "warmup"):
-            raise NMTError(f"optim.schedule must be constant, warmup or plateau, not {optim.schedule!r}")
-        if config.bucketing not in TokenBatchSampler.BUCKETINGS:
-            raise NMTError(f"trainer.bucketing must be exact or sorted, not {config.bucketing!r}")
         self._split_epoch: int | None = None
         self._use_epoch(0)
         bf16 = use_bf16(config.amp, self.device.type, "trainer.amp")
@@ -145,12 +146,10 @@ class Trainer:
     # ------------------------------------------------------------------------------------------ setup
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.optim_cfg
-        kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-        if o.name not in kinds:
-            raise NMTError(f"optim.name must be one of {', '.join(kinds)}, not {o.name!r}")
+        kind = {Optimizer.adam: torch.optim.Adam, Optimizer.adamw: torch.optim.AdamW}[o.name]
         fused = self.device.type in ("cpu", "cuda")  # one kernel over all parameters instead of a loop
-        return kinds[o.name](self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
-                             fused=fused or None)
+        return kind(self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
+                    fused=fused or None)
 
     def _lr_now(self) -> float:
         base = self.optimizer.param_groups[0].get("base_lr", self.optim_cfg.lr)

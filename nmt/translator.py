@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from nmt.choices import Amp
 from nmt.device import use_bf16
 from nmt.errors import ConfigError
 from nmt.model import Seq2Seq
@@ -40,23 +41,25 @@ class Translation:
 
 @dataclass
 class Decoding:
-    """The `decoding` config group, field for field (nmt-evaluate checks the group against it)."""
+    """The schema of the `decoding` config group (nmt-evaluate); Translator's keyword arguments."""
 
-    beam_size: int = 1
+    beam_size: int = 1  # 1: greedy
     nbest: int = 1
-    length_penalty: float = 1.0
-    max_len_ratio: float = 1.5
+    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha
+    max_len_ratio: float = 1.5  # output at most ratio * source length + max_len_extra pieces
     max_len_extra: int = 10
-    batch_tokens: int = 8000
-    amp: str = "auto"  # auto (bf16 autocast where the hardware has bf16) | bf16 | off
+    batch_tokens: int = 8000  # padded source pieces per decoding batch
+    amp: Amp = Amp.auto  # auto (bf16 autocast where the hardware has bf16) | bf16 | off
 
 
 class Translator:
     """A model and its tokenizer with fixed decoding settings (greedy when beam_size = nbest = 1)."""
 
     def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, device: str | torch.device = "cpu",
-                 beam_size: int = 1, nbest: int = 1, length_penalty: float = 1.0, max_len_ratio: float = 1.5,
-                 max_len_extra: int = 10, batch_tokens: int = 8000, amp: str = "auto", max_src_pieces: int = 250):
+                 beam_size: int = Decoding.beam_size, nbest: int = Decoding.nbest,
+                 length_penalty: float = Decoding.length_penalty, max_len_ratio: float = Decoding.max_len_ratio,
+                 max_len_extra: int = Decoding.max_len_extra, batch_tokens: int = Decoding.batch_tokens,
+                 amp: str = Decoding.amp, max_src_pieces: int = 250):
         if beam_size < 1 or nbest < 1:
             raise ConfigError(f"beam size and nbest must be at least 1, not {beam_size} and {nbest}")
         if nbest > beam_size:

@@ -55,13 +55,12 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 
 # isort: split
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from nmt.cli.common import (
-    CONFIG_DIR,
     build_corpus,
     build_run,
+    compose_config,
     load_data,
     user_errors,
 )
@@ -125,7 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def compose_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, list[str]]:
+def benchmark_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, list[str]]:
     """The train config of the preset with the benchmark's settings, then the user's overrides."""
     overrides = [f"experiment={PRESET}"]
     if args.tiny:
@@ -135,8 +134,7 @@ def compose_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, li
     overrides += [f"trainer.max_minutes={args.train_seconds / 60}", f"trainer.valid_every={NO_VALIDATION}",
                   f"trainer.threads={args.threads}", "trainer.progress=false", "trainer.heatmaps=0",
                   *args.override, *args.overrides]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose("train", overrides=overrides), overrides
+    return compose_config(overrides), overrides
 
 
 # -------------------------------------------------------------------------------------------- machine
@@ -567,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="nmt-benchmark-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or "benchmark.json")
-    cfg, overrides = compose_config(args, work)
+    cfg, overrides = benchmark_config(args, work)
     torch.set_num_threads(args.threads)
     device = resolve_device(cfg.device)
     report: dict = {

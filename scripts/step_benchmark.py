@@ -38,9 +38,8 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 
 # isort: split
 import torch
-from hydra import compose, initialize_config_dir
 
-from nmt.cli.common import CONFIG_DIR, build_run, load_data, user_errors
+from nmt.cli.common import build_run, compose_config, load_data, user_errors
 from nmt.data import collate
 from nmt.device import describe_machine
 from nmt.loss import token_loss
@@ -109,12 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
     base = ["experiment=multi30k_deen", *root, "trainer.progress=false", *overrides]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        data = load_data(compose("train", overrides=base))
-        names = args.variants or [v for v in VARIANTS if v != "fp32-exact-nofeed"]
-        configs = {name: compose("train", overrides=[*base, f"trainer.amp={VARIANTS[name][0]}",
-                                                     f"trainer.bucketing={VARIANTS[name][1]}",
-                                                     f"model.input_feeding={VARIANTS[name][2]}"]) for name in names}
+    data = load_data(compose_config(base))
+    names = args.variants or [v for v in VARIANTS if v != "fp32-exact-nofeed"]
+    configs = {name: compose_config([*base, f"trainer.amp={VARIANTS[name][0]}",
+                                     f"trainer.bucketing={VARIANTS[name][1]}",
+                                     f"model.input_feeding={VARIANTS[name][2]}"]) for name in names}
     results, first = {}, None
     print(f"{'variant':20s} {'sent/s':>8s} {'tok/s':>8s} {'ratio':>6s}")
     work = Path(tempfile.mkdtemp(prefix="nmt-steps-"))  # the Trainers' run directory (nothing is written)

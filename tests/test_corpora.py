@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt import corpora
+from nmt.cli.common import compose_config
 from nmt.corpora import (
     BIBLE_TRANSLATIONS,
     COPYRIGHTED_CODES,
@@ -509,3 +510,11 @@ def test_verse_windows_stay_inside_a_chapter():
 def test_bible_window_must_be_positive():
     with pytest.raises(DataError, match="data.window=0"):
         load_bible(window=0)
+
+
+def test_numeric_bible_codes_from_the_command_line_are_codes(tmp_path):
+    # Hydra parses data.source_translation=4 (World English Bible) as the integer 4; the schema makes it "4"
+    cfg = compose_config(["data.source_translation=4", "data.target_translation=3"])
+    assert (cfg.data.source_translation, cfg.data.target_translation) == ("4", "3")
+    with pytest.raises(DataError, match="no such file"):  # past the code checks, at the database
+        load_bible(4, "k", db_path=str(tmp_path / "bible.db"))

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from nmt.choices import Bucketing
 from nmt.corpora import Corpus, load_synthetic
 from nmt.data import EncodedSplit, TokenBatchSampler, TokenizerSettings, collate, padding_overhead, prepare
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
@@ -55,7 +56,7 @@ def _lengths(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.tensor([rng.randint(1, 60) for _ in range(n)]), torch.tensor([rng.randint(1, 60) for _ in range(n)]))
 
 
-BUCKETINGS = pytest.mark.parametrize("bucketing", TokenBatchSampler.BUCKETINGS)
+BUCKETINGS = pytest.mark.parametrize("bucketing", list(Bucketing))
 
 
 @BUCKETINGS

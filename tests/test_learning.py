@@ -26,7 +26,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.attention import ATTENTIONS
-from nmt.cli.common import CONFIG_DIR, build_model_config
+from nmt.cli.common import CONFIG_DIR, build_model_config, compose_config
 from nmt.corpora import load_synthetic
 from nmt.data import PreparedData, TokenizerSettings, collate, prepare
 from nmt.metrics import corpus_scores
@@ -51,8 +51,8 @@ def synthetic(tmp_path_factory) -> PreparedData:
 
 def model_config(name: str):
     """The attention's own config file (its query order and options) on the small model."""
-    path = Path(CONFIG_DIR) / "attention" / f"{name}.yaml"
-    attention = OmegaConf.load(path) if path.exists() else OmegaConf.create({"name": name})
+    exists = (Path(CONFIG_DIR) / "attention" / f"{name}.yaml").exists()
+    attention = compose_config([f"attention={name}"]).attention if exists else OmegaConf.create({"name": name})
     return build_model_config(OmegaConf.create(MODEL), attention)
 
 

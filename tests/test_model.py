@@ -29,7 +29,8 @@ from nmt.attention import (
     NoAttention,
     build_attention,
 )
-from nmt.cli.common import CONFIG_DIR, build_model_config, load_data, typed
+from nmt.cli.common import CONFIG_DIR, build_model_config, compose_config, load_data, typed
+from nmt.cli.schema import schema_of
 from nmt.data import TokenizerSettings, collate
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
@@ -591,10 +592,10 @@ def test_misspelt_model_key_fails_with_its_name():
 def test_unknown_attention_name_or_option_in_config_fails():
     with pytest.raises(ConfigError, match="sparsemax"):
         build_model_config(OmegaConf.create({}), OmegaConf.create({"name": "sparsemax"}))
-    config = build_model_config(OmegaConf.create({"hidden_size": 12}),
-                                OmegaConf.create({"name": "luong", "scroe": "dot"}))
-    with pytest.raises(ValueError, match="scroe"):
-        Seq2Seq(config, SRC_VOCAB, TGT_VOCAB)
+    with pytest.raises(ConfigError, match="attention.scroe: Key 'scroe' not in 'LuongAttentionSchema'"):
+        build_model_config(OmegaConf.create({"hidden_size": 12}), OmegaConf.create({"name": "luong", "scroe": "dot"}))
+    with pytest.raises(ConfigError, match="Invalid value 'dott', expected one of \\[dot, general, concat\\]"):
+        build_model_config(OmegaConf.create({}), OmegaConf.create({"name": "luong", "score": "dott"}))
 
 
 def compose_train(overrides: list[str], config_dir: str = CONFIG_DIR, hydra_config: bool = False):
@@ -626,17 +627,47 @@ def test_every_attention_config_builds_a_working_model(attention):
     forward_backward(model, *make_batch([4, 7, 2], [3, 2, 5]))
 
 
-@pytest.mark.parametrize("cls, group", [(TrainerConfig, "trainer/default"), (OptimConfig, "optim/adam"),
-                                        (ModelConfig, "model/default"), (TokenizerSettings, "tokenizer/unigram")])
-def test_dataclass_defaults_agree_with_the_default_config_files(cls, group):
-    """Library users (the dataclass) and command-line users (the YAML) get the same defaults."""
-    from dataclasses import fields
+NOT_GROUPS = ("experiment", "hydra", "launcher")  # global overrides, not a section with a schema
+GROUP_FILES = sorted(p for p in Path(CONFIG_DIR).glob("*/*.yaml") if p.parent.name not in NOT_GROUPS)
 
-    yaml = OmegaConf.to_container(OmegaConf.load(Path(CONFIG_DIR) / f"{group}.yaml"))
-    default = cls()
-    differ = {f.name: (getattr(default, f.name), yaml[f.name]) for f in fields(cls)
-              if f.name in yaml and yaml[f.name] != getattr(default, f.name)}
-    assert not differ, f"dataclass vs {group}.yaml: {differ}"
+
+def file_values(path: Path) -> tuple[dict, list]:
+    """(the keys a group file sets itself, its defaults list)."""
+    values = OmegaConf.to_container(OmegaConf.load(path))
+    return values, values.pop("defaults", [])
+
+
+@pytest.mark.parametrize("path", GROUP_FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_default_is_written_once(path):
+    """A group file selects a schema (nmt.cli.schema) or another file of its group, and sets only what
+    differs from it: a default lives in the dataclass (or the signature a schema is read from), not here."""
+    group, (values, defaults) = path.parent.name, file_values(path)
+    base = [d for d in defaults if d != "_self_"]
+    assert len(base) == 1, f"{path}: select exactly one schema or sibling, then _self_"
+    if base[0].startswith("/schema/"):
+        name = base[0].removeprefix("/schema/").removesuffix("@_here_").removeprefix(f"{group}_")
+        inherited = OmegaConf.to_container(OmegaConf.structured(schema_of(group, name)))
+    else:
+        config = "evaluate" if group == "decoding" else "train"  # the groups of nmt-train, and decoding
+        inherited = OmegaConf.to_container(compose_config([f"{group}={base[0]}"], config)[group])
+    repeated = {k: v for k, v in values.items() if k in inherited and inherited[k] == v}
+    assert not repeated, f"{path} repeats what it inherits: {repeated}"
+    unknown = set(values) - set(inherited)
+    assert not unknown, f"{path} sets keys its schema does not have: {unknown}"
+
+
+def test_the_schema_rejects_a_bad_key_type_or_choice_while_composing():
+    from hydra.errors import ConfigCompositionException
+
+    for override, says in [("trainer.patince=3", "patince"), ("trainer.patience=abc", "trainer.patience"),
+                           ("optim.schedule=cosine", "optim.schedule"), ("model.bridge=tanh", "model.bridge"),
+                           ("attention.query=next", "attention.query"), ("data.window=two", "data.window")]:
+        with pytest.raises(ConfigCompositionException) as err:
+            compose_config([override])
+        assert says in str(err.value) + str(err.value.__cause__), override
+    cfg = compose_config(["trainer.amp=off", "attention=bahdanau", "data.window=3"])
+    trainer = typed(TrainerConfig, cfg.trainer, "trainer")
+    assert trainer.amp == "off" and f"{trainer.amp}" == "off" and cfg.data.window == 3
 
 
 def sweep_overrides(cfg) -> list[list[str]]:

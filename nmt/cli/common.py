@@ -1,26 +1,26 @@
 """Turning a composed Hydra config into the library's typed values, in one place.
 
-Every section is checked against the dataclass it feeds (a misspelt key or a wrong type fails with
-the key's name), and every user-fixable error becomes one line on stderr and exit status 2.
+The schema (nmt.cli.schema) is registered here, so every command composes against it: Hydra rejects an
+unknown key, a wrong type or a value outside a choice while composing. `typed` reads a section as its
+dataclass; configs that did not come through Hydra (the one stored in a checkpoint, one built in a test)
+are checked against the same schema there. Every user-fixable error becomes one line on stderr and exit
+status 2.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import os
 import sys
-import types
-import typing
 from collections.abc import Sequence
 from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nmt.cli.schema import register, schema_of
 from nmt.errors import ConfigError, DataError, NMTError
 
 # The config tree: configs/ at the top of the repository, installed as the package nmt.configs (editable
@@ -28,6 +28,7 @@ from nmt.errors import ConfigError, DataError, NMTError
 CONFIG_DIR = os.environ.get("NMT_CONFIG_DIR") or str(Path(importlib.import_module("nmt.configs").__file__).parent)
 log = logging.getLogger("nmt")
 _FIX = "fix the value on the command line or in the config"
+register()
 
 
 @contextmanager
@@ -42,87 +43,56 @@ def user_errors():
         sys.exit(2)
 
 
+def compose_config(overrides: Sequence[str] = (), name: str = "train", hydra_config: bool = False) -> DictConfig:
+    """The config `name` composed with `overrides` as the command line would (for scripts and tests)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(name, overrides=list(overrides), return_hydra_config=hydra_config)
+
+
 def plain(node) -> object:
-    """A config node as plain Python containers (lists, dicts)."""
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    """A config node as plain Python containers (lists, dicts; choices as str)."""
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node
 
 
 def typed(cls, node, section: str):
-    """Build dataclass `cls` from config `node`, checking names and types; errors name `section.key`."""
-    values = plain(node)
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; "
-                          f"known keys: {', '.join(sorted(names))}")
+    """Dataclass `cls` from config `node`, checked by OmegaConf against `cls` (a no-op for a section Hydra
+    composed against that schema); an unknown key or a wrong value is a ConfigError naming `section.key`."""
     try:
-        checked = OmegaConf.merge(OmegaConf.structured(cls), values)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), plain(node)))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or ""
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{section}.{key}: {msg}; {_FIX}") from None
-    return OmegaConf.to_object(checked)
 
 
-_KINDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+def data_section(data):
+    """The `data` section (or a checkpoint's stored copy of it) checked against its corpus's schema."""
+    from nmt.corpora import LOADERS
 
-
-def _checked_value(value, hint, key: str):
-    """`value` checked against a plain type hint (bool, int, float or str, possibly optional); others pass."""
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    options = set(typing.get_args(hint)) if union else {hint}
-    if value is None and type(None) in options:
-        return value
-    options.discard(type(None))
-    kind = options.pop() if len(options) == 1 else None
-    if kind not in _KINDS:
-        return value  # e.g. a file or a pair of files: the loader checks those itself
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if (kind is bool and isinstance(value, bool)) or (kind is int and number and isinstance(value, int)):
-        return value
-    if kind is float and number:
-        return float(value)
-    if kind is str and (isinstance(value, str) or number):
-        return str(value)  # Hydra reads `data.source_translation=4` as the integer 4
-    raise ConfigError(f"{key}={value!r}: expected {_KINDS[kind]}; {_FIX}")
-
-
-def checked_arguments(function, args: dict, section: str) -> dict:
-    """`args` checked for calling `function`: an unknown name or a wrongly typed value names `section.key`."""
-    params = inspect.signature(function).parameters
-    unknown = sorted(set(args) - set(params))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(f'{section}.{k}' for k in unknown)}; "
-                          f"known keys: {', '.join(sorted(params))}")
-    try:
-        hints = typing.get_type_hints(function)
-    except Exception:  # an annotation that cannot be evaluated: leave the checks to the function
-        hints = {}
-    return {k: _checked_value(v, hints.get(k), f"{section}.{k}") for k, v in args.items()}
-
-
-def build_corpus(data: DictConfig, data_dir: str):
-    """The corpus the `data` group describes."""
-    from nmt import corpora
-
-    missing = [k for k in data if OmegaConf.is_missing(data, k)]
+    name = plain(data).get("name")
+    if name not in LOADERS:
+        raise ConfigError(f"unknown corpus data.name={name!r}; choose one of {', '.join(LOADERS)}")
+    missing = [k for k in data if OmegaConf.is_config(data) and OmegaConf.is_missing(data, k)]
     if missing:
-        raise ConfigError(f"data.{missing[0]} is required for data={data.get('name')}; "
+        raise ConfigError(f"data.{missing[0]} is required for data={name}; "
                           f"give it on the command line, e.g. data.{missing[0]}=FILE")
-    args = dict(plain(data))
-    name = args.pop("name", None)
-    args.pop("max_length", None)
-    loaders = {"bible": corpora.load_bible, "multi30k": corpora.load_multi30k,
-               "files": corpora.load_files, "synthetic": corpora.load_synthetic}
-    if name not in loaders:
-        raise ConfigError(f"unknown corpus data.name={name!r}; choose one of {', '.join(loaders)}")
+    return typed(schema_of("data", name), data, "data")
+
+
+def build_corpus(data, data_dir: str):
+    """The corpus the `data` section describes."""
+    from dataclasses import asdict
+
+    from nmt.corpora import LOADERS
+
+    args = asdict(data_section(data))
+    name = args.pop("name")
+    del args["max_length"]  # the tokenized data's limit, not the loader's
     if name == "multi30k":
         args["download_dir"] = str(Path(data_dir) / "multi30k")
-    args = checked_arguments(loaders[name], args, "data")
-    try:
-        return loaders[name](**args)
-    except TypeError as e:
-        raise ConfigError(f"data={name}: {e}; {_FIX}") from None
+    return LOADERS[name](**args)
 
 
 def build_model_config(model: DictConfig, attention: DictConfig):
@@ -130,29 +100,28 @@ def build_model_config(model: DictConfig, attention: DictConfig):
     from nmt.attention import ATTENTIONS
     from nmt.model import ModelConfig
 
-    att = dict(plain(attention))
-    name = att.pop("name", None)
+    name = plain(attention).get("name")
     if name not in ATTENTIONS:
         raise ConfigError(f"unknown attention.name={name!r}; choose one of: {', '.join(ATTENTIONS)} "
                           "(e.g. attention=bahdanau on the command line)")
-    query = att.pop("query", "current")
-    values = {**plain(model), "attention": name, "attention_query": query, "attention_options": att}
-    return typed(ModelConfig, values, "model")
+    options = plain(OmegaConf.structured(typed(schema_of("attention", name), attention, "attention")))
+    del options["name"]
+    query = options.pop("query")
+    sizes = plain(OmegaConf.structured(typed(schema_of("model"), model, "model")))
+    return ModelConfig(**sizes, attention=name, attention_query=query, attention_options=options)
 
 
 def load_data(cfg: DictConfig):
     """Corpus -> tokenizer -> encoded splits (cached), as `data`, `tokenizer` and `paths` say."""
-    max_length = _checked_value(plain(cfg.data.get("max_length", 100)), int, "data.max_length")
+    max_length = data_section(cfg.data).max_length
     if max_length < 1:
         raise ConfigError(f"data.max_length={max_length}: use a positive number of pieces")
-    corpus = build_corpus(cfg.data, cfg.paths.data_dir)  # before importing torch: bad files fail fast
+    corpus = build_corpus(cfg.data, cfg.paths.data_dir)  # before the tokenizer: bad files fail fast
     check_splits(corpus)
 
     from nmt.data import TokenizerSettings, prepare
 
     settings = typed(TokenizerSettings, cfg.tokenizer, "tokenizer")
-    if settings.type not in ("unigram", "bpe", "char", "word"):
-        raise ConfigError(f"tokenizer.type={settings.type!r}: use unigram, bpe, char or word")
     if settings.vocab_size < 8:
         raise ConfigError(f"tokenizer.vocab_size={settings.vocab_size}: use at least 8 (4 special pieces)")
     if not 0 < settings.character_coverage <= 1:

@@ -38,19 +38,10 @@ def summarize(data) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
-def _main(cfg: DictConfig) -> None:
+@hydra.main(config_path=CONFIG_DIR, config_name="prepare", version_base="1.3")
+def main(cfg: DictConfig) -> None:
     with user_errors():
         print(summarize(load_data(cfg)))
-
-
-def main() -> None:
-    import sys
-
-    # nmt-prepare writes no run directory: it only fills the cache under data/
-    sys.argv += ["hydra.run.dir=.", "hydra.output_subdir=null", "hydra/job_logging=none",
-                 "hydra/hydra_logging=none", "hydra/help=nmt_prepare"]
-    _main()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from nmt.corpora.multi30k import load_multi30k
 from nmt.corpora.synthetic import load_synthetic
 from nmt.corpora.text import read_lines, read_parallel, read_tsv
 
-__all__ = ["BIBLE_TRANSLATIONS", "COPYRIGHTED_CODES", "Corpus", "FileSpec", "Pair", "PathLike", "load_bible",
+LOADERS = {"bible": load_bible, "multi30k": load_multi30k, "files": load_files, "synthetic": load_synthetic}
+
+__all__ = ["BIBLE_TRANSLATIONS", "COPYRIGHTED_CODES", "LOADERS", "Corpus", "FileSpec", "Pair", "PathLike", "load_bible",
            "load_files", "load_multi30k", "load_synthetic", "read_lines", "read_parallel", "read_tsv",
            "verse_windows"]

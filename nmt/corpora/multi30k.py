@@ -83,7 +83,7 @@ def _multi30k_folder(root: str | None, files: list[str], download_dir: str) -> P
 
 
 def load_multi30k(
-    root: str | None, src_lang: str = "de", tgt_lang: str = "en", download_dir: str = "data/multi30k"
+    root: str | None = None, src_lang: str = "de", tgt_lang: str = "en", download_dir: str = "data/multi30k"
 ) -> Corpus:
     """Multi30k task 1 between English and German or French, in either direction."""
     if {src_lang, tgt_lang} not in ({"de", "en"}, {"fr", "en"}):
