@@ -46,9 +46,10 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
             os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
     except (OSError, RuntimeError) as e:  # torch.save turns a failed write into a RuntimeError on closing
         kept = " (the previous checkpoint there is intact)" if path.is_file() else ""
-        raise CheckpointError(f"{path}: could not write the checkpoint: {_write_error(e)}{kept}; "
-                              "free disk space or choose another run directory with hydra.run.dir=..."
-                              ) from None
+        raise CheckpointError(
+            f"{path}: could not write the checkpoint: {_write_error(e)}{kept}; "
+            "free disk space or choose another run directory with hydra.run.dir=..."
+        ) from None
     _remove_stale_temporaries(path)
 
 
@@ -88,8 +89,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     """Read a checkpoint written by `save_checkpoint`; any other file gets a CheckpointError saying why."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint; pass the path of a .pt file, e.g. "
-                              "outputs/<date>/<time>/checkpoints/best.pt")
+        raise CheckpointError(
+            f"{path}: no such checkpoint; pass the path of a .pt file, e.g. outputs/<date>/<time>/checkpoints/best.pt"
+        )
     if path.is_dir():
         found = sorted(str(p) for p in path.glob("**/*.pt"))[:3]
         hint = f" such as {', '.join(found)}" if found else ""
@@ -98,23 +100,27 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         with open(path, "rb") as f:
             magic = f.read(4)
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e}); "
-                              "check the path and its permissions") from None
+        raise CheckpointError(
+            f"{path}: cannot be read ({e.strerror or e}); check the path and its permissions"
+        ) from None
     if not magic:
         raise CheckpointError(f"{path}: empty file (0 bytes), not a checkpoint; {_ANOTHER}")
     if magic != ZIP_MAGIC:  # torch.save writes a zip archive; nothing else is even unpickled
-        raise CheckpointError(f"{path}: not an nmt checkpoint (not a file written by torch.save); "
-                              "pass a checkpoint written by nmt-train")
+        raise CheckpointError(
+            f"{path}: not an nmt checkpoint (not a file written by torch.save); pass a checkpoint written by nmt-train"
+        )
     try:
         data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path}: not an nmt checkpoint (it holds objects other than tensors and "
-                              "plain values, which are never loaded); pass a checkpoint written by nmt-train"
-                              ) from None
+        raise CheckpointError(
+            f"{path}: not an nmt checkpoint (it holds objects other than tensors and "
+            "plain values, which are never loaded); pass a checkpoint written by nmt-train"
+        ) from None
     except Exception as e:  # torch reports a cut-off zip in many ways (RuntimeError, OSError, EOFError, ...)
         detail = f"{type(e).__name__}: {_first_line(e).split('. ')[0][:100]}" if str(e) else type(e).__name__
-        raise CheckpointError(f"{path}: truncated or corrupt checkpoint ({detail}); copy it again, or "
-                              f"{_ANOTHER}") from None
+        raise CheckpointError(
+            f"{path}: truncated or corrupt checkpoint ({detail}); copy it again, or {_ANOTHER}"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint; pass a checkpoint written by nmt-train")
     if data.get("model_version") != MODEL_VERSION:
@@ -133,8 +139,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 MODEL_KEYS = ("model", "model_config", "src_vocab", "tgt_vocab", "spm_src", "spm_tgt")
 
 
-def model_from_checkpoint(data: dict, device: str | torch.device = "cpu",
-                          path: str | Path | None = None) -> tuple[Seq2Seq, Tokenizer]:
+def model_from_checkpoint(
+    data: dict, device: str | torch.device = "cpu", path: str | Path | None = None
+) -> tuple[Seq2Seq, Tokenizer]:
     """Rebuild the model (in eval mode) and tokenizer a checkpoint describes; CheckpointError if it cannot.
 
     `path` only names the file in the error messages.
@@ -143,25 +150,29 @@ def model_from_checkpoint(data: dict, device: str | torch.device = "cpu",
     retrain = "evaluate it with the nmt version that trained it, or retrain"
     missing = [key for key in MODEL_KEYS if key not in data]
     if missing:
-        raise CheckpointError(f"{where}: incomplete checkpoint, it lacks {', '.join(missing)}; "
-                              "pass a checkpoint written by nmt-train")
+        raise CheckpointError(
+            f"{where}: incomplete checkpoint, it lacks {', '.join(missing)}; pass a checkpoint written by nmt-train"
+        )
     try:
         tokenizer = Tokenizer(data["spm_src"], data["spm_tgt"])
     except Exception as e:  # sentencepiece: RuntimeError or TypeError on anything but a model proto
-        raise CheckpointError(f"{where}: its sentencepiece models cannot be read ({_first_line(e)}); "
-                              f"{retrain}") from None
+        raise CheckpointError(
+            f"{where}: its sentencepiece models cannot be read ({_first_line(e)}); {retrain}"
+        ) from None
     try:
         model = Seq2Seq(ModelConfig(**data["model_config"]), int(data["src_vocab"]), int(data["tgt_vocab"]))
     except Exception as e:  # an unknown field, a wrong type, an unknown attention, ...
-        raise CheckpointError(f"{where}: its model_config does not describe a model this version can build "
-                              f"({_first_line(e)}); {retrain}") from None
+        raise CheckpointError(
+            f"{where}: its model_config does not describe a model this version can build ({_first_line(e)}); {retrain}"
+        ) from None
     try:
         model.load_state_dict(data["model"])
     except Exception as e:  # RuntimeError listing missing/unexpected keys and size mismatches
         lines = [line.strip() for line in str(e).splitlines()[1:] if line.strip()] or [_first_line(e)]
         problem = lines[0].replace("torch.Size(", "").replace("])", "]")[:200]
-        raise CheckpointError(f"{where}: its weights do not fit the model it describes ({problem}); "
-                              f"{retrain}") from None
+        raise CheckpointError(
+            f"{where}: its weights do not fit the model it describes ({problem}); {retrain}"
+        ) from None
     return model.to(device).eval(), tokenizer
 
 

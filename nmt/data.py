@@ -134,8 +134,9 @@ def corpus_key(corpus: Corpus, settings: TokenizerSettings, max_length: int) -> 
     return h.hexdigest()[:16]
 
 
-def prepare(corpus: Corpus, settings: TokenizerSettings, max_length: int, data_dir: str | Path,
-            progress: bool = True) -> PreparedData:
+def prepare(
+    corpus: Corpus, settings: TokenizerSettings, max_length: int, data_dir: str | Path, progress: bool = True
+) -> PreparedData:
     """Train (or reuse) the tokenizer, encode every split (or reuse the cache) and filter long pairs.
 
     Training pairs with more than `max_length` pieces on either side are dropped (and counted);

@@ -112,8 +112,9 @@ class Decoder(nn.Module):
         to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.lstm.layer_params)
         and W_c."""
         dtype = _autocast_dtype(device)
-        return StepParams(layer_params(self.rnn, self.embed.embedding_dim, dtype),
-                          StepWeight.of(self.combine.weight, dtype))
+        return StepParams(
+            layer_params(self.rnn, self.embed.embedding_dim, dtype), StepWeight.of(self.combine.weight, dtype)
+        )
 
     def _inputs(self, emb: Tensor, params: StepParams) -> Tensor:
         """Layer 0's input projection for every step at once: emb (B, T, E) -> (B, T, 4H)."""
@@ -135,7 +136,12 @@ class Decoder(nn.Module):
         return attn_h, DecoderState(h, c, attn_h), weights[:, 0]  # (B, H), state, (B, S)
 
     def step(
-        self, prev: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor,
+        self,
+        prev: Tensor,
+        state: DecoderState,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
         params: StepParams | None = None,
     ) -> tuple[Tensor, DecoderState, Tensor]:
         """Search's single step: previous ids (B,) -> (logits (B, V), new state, weights (B, S)).

@@ -60,15 +60,25 @@ def describe_machine(threads: int) -> dict:
 
     cpu = platform.processor() or "unknown"
     try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
     except OSError:
         pass
-    return {"cpu_model": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "native_bf16": native_bf16("cpu"), "cores": os.cpu_count(),
-            "cores_usable": len(os.sched_getaffinity(0)), "threads": threads, "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu_model": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "native_bf16": native_bf16("cpu"),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "threads": threads,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def run_lstm(rnn, x, state=None):

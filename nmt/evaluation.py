@@ -25,9 +25,15 @@ from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores, format_num
 METRICS = (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter"))  # (label, result key)
 
 
-def evaluate(translator, pairs: Sequence[tuple[str, str]], edges: Sequence[int] = DEFAULT_EDGES,
-             heatmaps: int = 4, out_dir: Path | None = None, split: str = "test",
-             meta: dict | None = None) -> dict:
+def evaluate(
+    translator,
+    pairs: Sequence[tuple[str, str]],
+    edges: Sequence[int] = DEFAULT_EDGES,
+    heatmaps: int = 4,
+    out_dir: Path | None = None,
+    split: str = "test",
+    meta: dict | None = None,
+) -> dict:
     """Translate the sources of `pairs`, score against their references, and write files to `out_dir`.
 
     `meta` (plain values, e.g. the corpus name) is copied into the result and the JSON file. A score is of
@@ -71,8 +77,15 @@ def heatmap_picks(lengths: Sequence[int], k: int) -> list[int]:
     return sorted({ranked[p][1] for p in positions})
 
 
-def write_outputs(result: dict, out_dir: Path, sources: list[str], hypotheses: list[str], best: list,
-                  heatmaps: int, has_alignment: bool) -> None:
+def write_outputs(
+    result: dict,
+    out_dir: Path,
+    sources: list[str],
+    hypotheses: list[str],
+    best: list,
+    heatmaps: int,
+    has_alignment: bool,
+) -> None:
     """Write the .hyp, heatmaps, BLEU-by-length figure, .md and .json files (and fill result["files"])."""
     from nmt.plotting import attention_figure, bleu_by_length_figure, save_figure
 
@@ -105,22 +118,31 @@ def write_outputs(result: dict, out_dir: Path, sources: list[str], hypotheses: l
 def _decoding_line(result: dict) -> str:
     d = result.get("decoding", {})
     kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
-    return (f"{kind}, length penalty {d.get('length_penalty')}, "
-            f"max length {d.get('max_len_ratio')} x source + {d.get('max_len_extra')}, {d.get('precision', 'fp32')}")
+    return (
+        f"{kind}, length penalty {d.get('length_penalty')}, "
+        f"max length {d.get('max_len_ratio')} x source + {d.get('max_len_extra')}, {d.get('precision', 'fp32')}"
+    )
 
 
 def markdown_report(result: dict) -> str:
     """The scores, signatures and by-length table as Markdown."""
     sig = result["signatures"]
-    lines = [f"# {result['split']}: {result['sentences']} sentences", "",
-             f"checkpoint: `{result.get('checkpoint')}`  ", f"decoding: {_decoding_line(result)}", "",
-             "| metric | score | signature |", "|---|---:|---|"]
+    lines = [
+        f"# {result['split']}: {result['sentences']} sentences",
+        "",
+        f"checkpoint: `{result.get('checkpoint')}`  ",
+        f"decoding: {_decoding_line(result)}",
+        "",
+        "| metric | score | signature |",
+        "|---|---:|---|",
+    ]
     lines += [f"| {name} | {format_number(result[key])} | `{sig[key]}` |" for name, key in METRICS]
     lines += ["", "| source words | sentences | BLEU | chrF |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['bucket']} | {r['n']} | {format_number(r['bleu'])} | {format_number(r['chrf'])} |"
-              for r in result["by_length"]]
+    lines += [
+        f"| {r['bucket']} | {r['n']} | {format_number(r['bleu'])} | {format_number(r['chrf'])} |"
+        for r in result["by_length"]
+    ]
     return "\n".join(lines) + "\n"
-
 
 
 def format_report(result: dict) -> str:
@@ -130,8 +152,10 @@ def format_report(result: dict) -> str:
         lines.append(f"checkpoint: {result['checkpoint']}")
     lines += [f"{name:<5} {format_number(result[key]):>6}   {result['signatures'][key]}" for name, key in METRICS]
     lines += ["", f"{'source words':<14} {'n':>6} {'BLEU':>7} {'chrF':>7}"]
-    lines += [f"{r['bucket']:<14} {r['n']:>6} {format_number(r['bleu']):>7} {format_number(r['chrf']):>7}"
-              for r in result["by_length"]]
+    lines += [
+        f"{r['bucket']:<14} {r['n']:>6} {format_number(r['bleu']):>7} {format_number(r['chrf']):>7}"
+        for r in result["by_length"]
+    ]
     if result.get("files"):
         lines += ["", f"written to {Path(result['files']['json']).parent}"]
     return "\n".join(lines)

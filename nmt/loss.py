@@ -1,7 +1,7 @@
 """The training loss: label-smoothed cross-entropy summed over real target tokens, written out.
 
-    loss_sum, n_tokens = token_loss(logits, batch.tgt_out, label_smoothing=0.1)   # logits (B, T, V)
-    (loss_sum / n_tokens).backward()
+loss_sum, n_tokens = token_loss(logits, batch.tgt_out, label_smoothing=0.1)   # logits (B, T, V)
+(loss_sum / n_tokens).backward()
 """
 
 from __future__ import annotations

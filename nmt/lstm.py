@@ -42,8 +42,9 @@ def layer_params(rnn: nn.LSTM, embed_size: int, dtype: torch.dtype | None) -> li
     return layers
 
 
-def lstm_step(x0: Tensor, recurrent: list[Tensor], h: Tensor, c: Tensor, layers: list[LayerParams],
-              dropout: nn.Module) -> tuple[Tensor, Tensor, Tensor]:
+def lstm_step(
+    x0: Tensor, recurrent: list[Tensor], h: Tensor, c: Tensor, layers: list[LayerParams], dropout: nn.Module
+) -> tuple[Tensor, Tensor, Tensor]:
     """One step through every layer: x0 (B, 4H) is layer 0's W_x x + b, `recurrent` its other inputs
     ([feed; context]), h and c (L, B, H) the previous state, `dropout` applied between layers.
 

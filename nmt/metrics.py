@@ -55,8 +55,10 @@ def check_edges(edges: object, option: str = "bucket edges") -> list[int]:
     whole = all(isinstance(e, int) and not isinstance(e, bool) for e in values)
     if not values or not whole or values != sorted(set(values)) or values[0] != 0:
         shown = ",".join(map(str, values)) if values else repr(edges)
-        raise ConfigError(f"{option}: bucket edges must be strictly increasing word counts starting at 0, "
-                          f"e.g. 0,15,25,35; not {shown}")
+        raise ConfigError(
+            f"{option}: bucket edges must be strictly increasing word counts starting at 0, "
+            f"e.g. 0,15,25,35; not {shown}"
+        )
     return values
 
 
@@ -131,7 +133,7 @@ def bleu_from_statistics(stats: np.ndarray) -> np.ndarray:
     zero = correct == 0
     halvings = np.cumsum(zero, axis=-1)  # the j-th order without a match counts 1 / 2^j
     with np.errstate(divide="ignore", invalid="ignore"):
-        precision = np.where(zero, 100.0 / (2.0 ** halvings * total), 100.0 * correct / total)  # (..., 4)
+        precision = np.where(zero, 100.0 / (2.0**halvings * total), 100.0 * correct / total)  # (..., 4)
         score = np.exp(np.log(precision).sum(axis=-1) / ORDER)
         penalty = np.where(hyp < ref, np.exp(1 - ref / hyp), 1.0)
         defined = (total > 0).all(axis=-1) & ~zero.all(axis=-1) & (hyp > 0)

@@ -20,8 +20,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 
-def attention_figure(weights, src_pieces: Sequence[str], tgt_pieces: Sequence[str], title: str = "",
-                     has_alignment: bool = True) -> Figure:
+def attention_figure(
+    weights, src_pieces: Sequence[str], tgt_pieces: Sequence[str], title: str = "", has_alignment: bool = True
+) -> Figure:
     """Source pieces along the top, target pieces down the side, brighter = more weight.
 
     `weights` is (T, S) with T = len(tgt_pieces) and S = len(src_pieces). The figure grows with the
@@ -32,8 +33,14 @@ def attention_figure(weights, src_pieces: Sequence[str], tgt_pieces: Sequence[st
     fig, ax = plt.subplots(figsize=(width, height), dpi=100)
     if not has_alignment:
         ax.axis("off")
-        ax.text(0.5, 0.5, "attention=none: the decoder reads one fixed sentence vector,\n"
-                "so there is no alignment to show", ha="center", va="center", fontsize=12)
+        ax.text(
+            0.5,
+            0.5,
+            "attention=none: the decoder reads one fixed sentence vector,\nso there is no alignment to show",
+            ha="center",
+            va="center",
+            fontsize=12,
+        )
         if title:
             ax.set_title(title)
         return fig
@@ -67,8 +74,9 @@ def bleu_by_length_figure(series: dict[str, list[dict]], title: str = "BLEU by s
         if not rows:
             continue
         _line_with_band(ax, name, [position[r["bucket"]] for r in rows], rows)
-    return _finish_bleu_axes(fig, ax, list(range(len(labels))), list(labels.values()),
-                             "source sentence length (words)", title)
+    return _finish_bleu_axes(
+        fig, ax, list(range(len(labels))), list(labels.values()), "source sentence length (words)", title
+    )
 
 
 def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by window size") -> Figure:
@@ -86,8 +94,9 @@ def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by w
         if not rows:
             continue
         _line_with_band(ax, name, [r["k"] for r in rows], rows)
-    return _finish_bleu_axes(fig, ax, sorted(ticks), [ticks[k] for k in sorted(ticks)],
-                             "verses per input (window size k)", title)
+    return _finish_bleu_axes(
+        fig, ax, sorted(ticks), [ticks[k] for k in sorted(ticks)], "verses per input (window size k)", title
+    )
 
 
 def _line_with_band(ax, name: str, x: list, rows: list[dict]) -> None:
@@ -110,20 +119,21 @@ def _finish_bleu_axes(fig: Figure, ax, ticks: list, labels: list[str], xlabel: s
     return fig
 
 
-NO_ALIGNMENT = ("attention=none:\nthe decoder reads one fixed\nsentence vector, so there is\n"
-                "no alignment to show")
+NO_ALIGNMENT = "attention=none:\nthe decoder reads one fixed\nsentence vector, so there is\nno alignment to show"
 
 
-def attention_panels_figure(panels: Sequence[tuple[str, object, Sequence[str], Sequence[str], bool]],
-                            title: str = "") -> Figure:
+def attention_panels_figure(
+    panels: Sequence[tuple[str, object, Sequence[str], Sequence[str], bool]], title: str = ""
+) -> Figure:
     """One heatmap per (label, weights (T, S), src_pieces, tgt_pieces, has_alignment), side by side.
 
     A panel without alignment (`attention=none`) says so instead of showing an all-black square.
     """
     widths = [min(1.5 + 0.11 * len(src), 14) if aligned else 3.0 for _, _, src, _, aligned in panels]
     height = min(2.5 + 0.11 * max((len(tgt) for _, _, _, tgt, _ in panels), default=1), 14)
-    fig, axes = plt.subplots(1, len(panels), figsize=(sum(widths), height), dpi=100, squeeze=False,
-                             gridspec_kw={"width_ratios": widths})
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(sum(widths), height), dpi=100, squeeze=False, gridspec_kw={"width_ratios": widths}
+    )
     for ax, (label, weights, src, tgt, aligned) in zip(axes[0], panels, strict=True):
         ax.set_xlabel(label, fontsize=11)
         if not aligned:
@@ -132,8 +142,7 @@ def attention_panels_figure(panels: Sequence[tuple[str, object, Sequence[str], S
             ax.text(0.5, 0.5, NO_ALIGNMENT, ha="center", va="center", fontsize=10, transform=ax.transAxes)
             continue
         w = weights.detach().float().cpu().numpy() if hasattr(weights, "detach") else weights
-        ax.imshow(w[: len(tgt), : len(src)], cmap="gray", vmin=0.0, vmax=1.0, aspect="auto",
-                  interpolation="nearest")
+        ax.imshow(w[: len(tgt), : len(src)], cmap="gray", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
         ax.set_xticks(range(len(src)))
         ax.set_xticklabels(src, rotation=90, fontsize=6)
         ax.xaxis.tick_top()
@@ -158,8 +167,15 @@ def learning_curves_figure(curves: dict[str, list[dict]]) -> Figure:
             for j, curve in enumerate(c for c in runs if side in c):
                 points = curve[side]["points"]
                 buckets.add(f"{curve[side]['bucket']} words, n={curve[side]['n']}")
-                ax.plot([p[0] for p in points], [p[1] for p in points], color=f"C{i}", marker="o",
-                        markersize=3, alpha=0.85, label=name if j == 0 else None)
+                ax.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    color=f"C{i}",
+                    marker="o",
+                    markersize=3,
+                    alpha=0.85,
+                    label=name if j == 0 else None,
+                )
         ax.set_title(f"{side} validation bucket ({'; '.join(sorted(buckets))})", fontsize=10)
         ax.set_xlabel("training time (minutes)")
         ax.grid(alpha=0.3)

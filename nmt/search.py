@@ -45,8 +45,14 @@ def max_lengths(src_lengths: Tensor, ratio: float, extra: int) -> list[int]:
 
 
 @torch.no_grad()
-def greedy(model: Seq2Seq, src: Tensor, lengths: Tensor, max_len_ratio: float = 1.5, max_len_extra: int = 10,
-           alpha: float = 0.0) -> list[list[Hypothesis]]:
+def greedy(
+    model: Seq2Seq,
+    src: Tensor,
+    lengths: Tensor,
+    max_len_ratio: float = 1.5,
+    max_len_extra: int = 10,
+    alpha: float = 0.0,
+) -> list[list[Hypothesis]]:
     """Pick the most likely word at every step, for all sentences at once."""
     B = src.size(0)
     enc, keys, values, state = model.encode(src, lengths)
@@ -101,8 +107,16 @@ class _AttentionTrace:
 
 
 @torch.no_grad()
-def beam_search(model: Seq2Seq, src: Tensor, lengths: Tensor, beam_size: int = 5, nbest: int = 1,
-                max_len_ratio: float = 1.5, max_len_extra: int = 10, alpha: float = 1.0) -> list[list[Hypothesis]]:
+def beam_search(
+    model: Seq2Seq,
+    src: Tensor,
+    lengths: Tensor,
+    beam_size: int = 5,
+    nbest: int = 1,
+    max_len_ratio: float = 1.5,
+    max_len_extra: int = 10,
+    alpha: float = 1.0,
+) -> list[list[Hypothesis]]:
     """Keep the `beam_size` best prefixes of every sentence; return the `nbest` best finished ones.
 
     The decoder state, the input-feed vector and the tokens of each beam are reordered together at
@@ -152,9 +166,13 @@ def beam_search(model: Seq2Seq, src: Tensor, lengths: Tensor, beam_size: int = 5
         if len(where):
             flat = where[:, 0] * 2 * K + where[:, 1]
             penalty = length_penalty(t + 1, alpha)
-            for b, body, score, beam in zip(sentence.index_select(0, where[:, 0]).tolist(),
-                                            tok_now.index_select(0, flat).tolist(), top_scores[ends].tolist(),
-                                            rows.index_select(0, flat).tolist(), strict=True):
+            for b, body, score, beam in zip(
+                sentence.index_select(0, where[:, 0]).tolist(),
+                tok_now.index_select(0, flat).tolist(),
+                top_scores[ends].tolist(),
+                rows.index_select(0, flat).tolist(),
+                strict=True,
+            ):
                 if body[-1] == EOS_ID:
                     body = body[:-1]
                 finished[b].append((score / penalty, body, t, beam))
@@ -184,14 +202,23 @@ def beam_search(model: Seq2Seq, src: Tensor, lengths: Tensor, beam_size: int = 5
     out, i = [], 0
     for b, hyps in enumerate(best):
         n = int(lengths[b])
-        out.append([Hypothesis(body, score, attention[i + j, : t + 1, :n])
-                    for j, (score, body, t, _) in enumerate(hyps)])
+        out.append(
+            [Hypothesis(body, score, attention[i + j, : t + 1, :n]) for j, (score, body, t, _) in enumerate(hyps)]
+        )
         i += len(hyps)
     return out
 
 
-def search(model: Seq2Seq, src: Tensor, lengths: Tensor, beam_size: int = 1, nbest: int = 1,
-           max_len_ratio: float = 1.5, max_len_extra: int = 10, alpha: float = 1.0) -> list[list[Hypothesis]]:
+def search(
+    model: Seq2Seq,
+    src: Tensor,
+    lengths: Tensor,
+    beam_size: int = 1,
+    nbest: int = 1,
+    max_len_ratio: float = 1.5,
+    max_len_extra: int = 10,
+    alpha: float = 1.0,
+) -> list[list[Hypothesis]]:
     """Greedy for beam_size 1 and nbest 1, beam search otherwise."""
     if beam_size == 1 and nbest == 1:
         return greedy(model, src, lengths, max_len_ratio, max_len_extra, alpha)

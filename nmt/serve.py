@@ -73,8 +73,9 @@ class ServedModel:
         """A Translator for these decoding settings (they share the model; call with the lock held)."""
         key = (beam, max_pieces)
         if key not in self._translators:
-            self._translators[key] = Translator(self.model, self.tokenizer, self.device, beam_size=beam,
-                                                amp=self.amp, max_src_pieces=max_pieces)
+            self._translators[key] = Translator(
+                self.model, self.tokenizer, self.device, beam_size=beam, amp=self.amp, max_src_pieces=max_pieces
+            )
         return self._translators[key]
 
     def translate(self, text: str, beam: int, max_pieces: int) -> dict:
@@ -86,17 +87,33 @@ class ServedModel:
             seconds = time.perf_counter() - start
         note = None
         if n_pieces > max_pieces:
-            note = (f"the text has {n_pieces} source pieces for this model, over the limit of {max_pieces}; "
-                    f"translated its first {max_pieces - 1} (and the end-of-sentence piece)")
+            note = (
+                f"the text has {n_pieces} source pieces for this model, over the limit of {max_pieces}; "
+                f"translated its first {max_pieces - 1} (and the end-of-sentence piece)"
+            )
         weights = [[round(w, WEIGHT_DIGITS) for w in row] for row in best.attention.tolist()]
-        return {"model": self.index, "label": self.label, "checkpoint": self.path, "hypothesis": best.text,
-                "src_pieces": best.src_pieces, "tgt_pieces": best.tgt_pieces, "weights": weights,
-                "has_alignment": self.has_alignment, "time": round(seconds, 4), "note": note}
+        return {
+            "model": self.index,
+            "label": self.label,
+            "checkpoint": self.path,
+            "hypothesis": best.text,
+            "src_pieces": best.src_pieces,
+            "tgt_pieces": best.tgt_pieces,
+            "weights": weights,
+            "has_alignment": self.has_alignment,
+            "time": round(seconds, 4),
+            "note": note,
+        }
 
     def describe(self) -> dict:
         """The label and settings, for GET /api/models."""
-        return {"index": self.index, "label": self.label, "checkpoint": self.path,
-                "has_alignment": self.has_alignment, "settings": self.settings}
+        return {
+            "index": self.index,
+            "label": self.label,
+            "checkpoint": self.path,
+            "has_alignment": self.has_alignment,
+            "settings": self.settings,
+        }
 
 
 def attention_label(model_config: dict) -> str:
@@ -134,12 +151,17 @@ def model_settings(payload: dict, model: Seq2Seq) -> dict:
     best = payload.get("best") if isinstance(payload.get("best"), dict) else {}
     mc = dict(payload["model_config"])
     settings = {
-        "attention": mc.get("attention"), "attention_query": mc.get("attention_query"),
-        "attention_options": mc.get("attention_options") or {}, "input_feeding": mc.get("input_feeding"),
-        "embed_size": mc.get("embed_size"), "encoder_hidden_size": mc.get("encoder_hidden_size"),
-        "hidden_size": mc.get("hidden_size"), "bidirectional": mc.get("bidirectional"),
+        "attention": mc.get("attention"),
+        "attention_query": mc.get("attention_query"),
+        "attention_options": mc.get("attention_options") or {},
+        "input_feeding": mc.get("input_feeding"),
+        "embed_size": mc.get("embed_size"),
+        "encoder_hidden_size": mc.get("encoder_hidden_size"),
+        "hidden_size": mc.get("hidden_size"),
+        "bidirectional": mc.get("bidirectional"),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "corpus": data.get("name"), "step": payload.get("step"),
+        "corpus": data.get("name"),
+        "step": payload.get("step"),
     }
     if best.get("metric") and best.get("value") is not None:
         settings["best_valid"] = {"metric": best["metric"], "value": best["value"], "step": best.get("step")}
@@ -156,8 +178,18 @@ def load_models(paths: list[str], device: str = "cpu", amp: str = "auto") -> tup
         model, tokenizer = model_from_checkpoint(payload, device, path=path)
         if i == 0:
             first = payload
-        models.append(ServedModel(i, str(path), attention_label(payload["model_config"]),
-                                  model_settings(payload, model), model, tokenizer, device, amp))
+        models.append(
+            ServedModel(
+                i,
+                str(path),
+                attention_label(payload["model_config"]),
+                model_settings(payload, model),
+                model,
+                tokenizer,
+                device,
+                amp,
+            )
+        )
     return models, first
 
 
@@ -168,8 +200,10 @@ def clean_text(text: str, limits: Limits) -> tuple[str, list[str]]:
         raise RequestError("the text is empty; type a sentence to translate")
     notes = []
     if len(text) > limits.max_chars:
-        notes.append(f"the text has {len(text):,} characters, over the limit of {limits.max_chars:,}; "
-                     f"translated its first {limits.max_chars:,}")
+        notes.append(
+            f"the text has {len(text):,} characters, over the limit of {limits.max_chars:,}; "
+            f"translated its first {limits.max_chars:,}"
+        )
         text = text[: limits.max_chars]
     return text, notes
 

@@ -42,11 +42,21 @@ from nmt.serve_page import render_page
 STATIC_DIR = Path(__file__).parent / "static"
 BODY_SECONDS = 10.0  # a request body must arrive within this
 log = logging.getLogger(__name__)
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "true/false", int: "a number",
-               float: "a number", type(None): "null"}
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "true/false",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
 # no script, style or image from anywhere but this server: the page works offline, and injected markup can't run
-HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
-           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def example_body(limits: Limits) -> str:
@@ -70,16 +80,20 @@ class Server:
             raise RequestError(f"busy: {self.pending} requests are being translated; try again in a moment", 503)
         self.pending += 1
         loop = asyncio.get_running_loop()
-        calls = [loop.run_in_executor(worker, m.translate, text, beam, self.limits.max_pieces)
-                 for m, worker in zip(self.models, self.workers, strict=True)]
+        calls = [
+            loop.run_in_executor(worker, m.translate, text, beam, self.limits.max_pieces)
+            for m, worker in zip(self.models, self.workers, strict=True)
+        ]
         job = asyncio.gather(*calls, return_exceptions=True)  # done when every call is
         job.add_done_callback(self._finished)
         try:  # shield: a request that times out leaves its model calls to finish (and count) in the background
             results = await asyncio.wait_for(asyncio.shield(job), self.limits.timeout)
         except asyncio.TimeoutError:
-            raise RequestError(f"the translation took longer than {self.limits.timeout:g} s (the models are busy "
-                               "or the text is long); try again, or send a shorter text or a smaller beam",
-                               503) from None
+            raise RequestError(
+                f"the translation took longer than {self.limits.timeout:g} s (the models are busy "
+                "or the text is long); try again, or send a shorter text or a smaller beam",
+                503,
+            ) from None
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
@@ -103,8 +117,14 @@ def guarded(handler: Handler) -> Handler:
             return JSONResponse({"error": str(e)}, e.status, headers=HEADERS)
         except Exception as e:
             log.exception("%s %s failed", request.method, request.url.path)
-            return JSONResponse({"error": f"internal error ({type(e).__name__}: {str(e)[:200]}); the server "
-                                          "keeps running, please report this"}, 500, headers=HEADERS)
+            return JSONResponse(
+                {
+                    "error": f"internal error ({type(e).__name__}: {str(e)[:200]}); the server "
+                    "keeps running, please report this"
+                },
+                500,
+                headers=HEADERS,
+            )
 
     return wrapper
 
@@ -113,16 +133,16 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past `limit` bytes and with 408 if it takes over BODY_SECONDS."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise RequestError(f"the request body has {int(declared):,} bytes, over the limit of {limit:,}; "
-                           "send a shorter text", 413)
+        raise RequestError(
+            f"the request body has {int(declared):,} bytes, over the limit of {limit:,}; send a shorter text", 413
+        )
 
     async def collect() -> bytes:
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise RequestError(f"the request body is over the limit of {limit:,} bytes; send a shorter text",
-                                   413)
+                raise RequestError(f"the request body is over the limit of {limit:,} bytes; send a shorter text", 413)
         return bytes(body)
 
     try:
@@ -137,18 +157,19 @@ def parse_translate_body(body: bytes, limits: Limits) -> tuple[str, object]:
     try:
         raw = body.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RequestError(f"the body is not valid UTF-8 (byte 0x{body[e.start]:02x} at position {e.start}); "
-                           f"{send}, encoded as UTF-8") from None
+        raise RequestError(
+            f"the body is not valid UTF-8 (byte 0x{body[e.start]:02x} at position {e.start}); {send}, encoded as UTF-8"
+        ) from None
     if not raw.strip():
         raise RequestError(f"the body is empty; {send}")
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise RequestError(f"the body is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); {send}"
-                           ) from None
+        raise RequestError(
+            f"the body is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); {send}"
+        ) from None
     except (ValueError, RecursionError) as e:  # e.g. a number of 5,000 digits, arrays nested 10,000 deep
-        raise RequestError(f"the body cannot be read as JSON ({str(e)[:100] or type(e).__name__}); {send}"
-                           ) from None
+        raise RequestError(f"the body cannot be read as JSON ({str(e)[:100] or type(e).__name__}); {send}") from None
     if not isinstance(data, dict):
         raise RequestError(f"the body must be a JSON object, not {_JSON_TYPES.get(type(data), 'that')}; {send}")
     unknown = sorted(set(data) - {"text", "beam"})
@@ -165,15 +186,17 @@ def parse_translate_body(body: bytes, limits: Limits) -> tuple[str, object]:
 def parse_form(body: bytes) -> dict[str, str]:
     """The page's form fields (text, beam, example), first value of each."""
     try:
-        fields = parse_qs(body.decode("latin-1"), keep_blank_values=True, max_num_fields=10,
-                          encoding="utf-8", errors="replace")
+        fields = parse_qs(
+            body.decode("latin-1"), keep_blank_values=True, max_num_fields=10, encoding="utf-8", errors="replace"
+        )
     except ValueError:
         raise RequestError("the form has too many fields; use the page's form") from None
     return {k: v[0] for k, v in fields.items()}
 
 
-def create_app(models: list[ServedModel], examples: Examples, limits: Limits | None = None,
-               allowed_hosts: list[str] | None = None) -> Starlette:
+def create_app(
+    models: list[ServedModel], examples: Examples, limits: Limits | None = None, allowed_hosts: list[str] | None = None
+) -> Starlette:
     """The application; `allowed_hosts` (e.g. ["127.0.0.1", "localhost"]) refuses other Host headers, which
     keeps web pages from reaching a loopback server through DNS rebinding."""
     server = Server(models, examples, limits or Limits())
@@ -186,11 +209,20 @@ def create_app(models: list[ServedModel], examples: Examples, limits: Limits | N
     @guarded
     async def api_models(request: Request) -> Response:
         lim = server.limits
-        return JSONResponse({"models": [m.describe() for m in server.models],
-                             "limits": {"max_chars": lim.max_chars, "max_pieces": lim.max_pieces,
-                                        "max_beam": lim.max_beam, "max_body": lim.max_body, "timeout": lim.timeout},
-                             "examples": {"sentences": server.examples.sentences,
-                                          "source": server.examples.source}}, headers=HEADERS)
+        return JSONResponse(
+            {
+                "models": [m.describe() for m in server.models],
+                "limits": {
+                    "max_chars": lim.max_chars,
+                    "max_pieces": lim.max_pieces,
+                    "max_beam": lim.max_beam,
+                    "max_body": lim.max_body,
+                    "timeout": lim.timeout,
+                },
+                "examples": {"sentences": server.examples.sentences, "source": server.examples.source},
+            },
+            headers=HEADERS,
+        )
 
     async def page(request: Request) -> Response:
         form = {"text": "", "beam": "1"}
@@ -214,17 +246,21 @@ def create_app(models: list[ServedModel], examples: Examples, limits: Limits | N
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 405:
-            message = (f"{request.method} {request.url.path} is not allowed; the API is POST /translate with "
-                       f"JSON {example_body(server.limits)} and GET /api/models; the page is GET /")
+            message = (
+                f"{request.method} {request.url.path} is not allowed; the API is POST /translate with "
+                f"JSON {example_body(server.limits)} and GET /api/models; the page is GET /"
+            )
         elif exc.status_code == 404:
             message = f"no such path {request.url.path}; the page is /, the API POST /translate and GET /api/models"
         else:
             message = str(exc.detail)
         return JSONResponse({"error": message}, exc.status_code, headers=HEADERS)
 
-    routes = [Route("/", page, methods=["GET", "POST"]),
-              Route("/translate", api_translate, methods=["POST"]),
-              Route("/api/models", api_models, methods=["GET"]),
-              Mount("/static", StaticFiles(directory=STATIC_DIR), name="static")]
+    routes = [
+        Route("/", page, methods=["GET", "POST"]),
+        Route("/translate", api_translate, methods=["POST"]),
+        Route("/api/models", api_models, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+    ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})

@@ -26,18 +26,37 @@ from nmt.tokenizer import EOS_ID, Tokenizer
 log = logging.getLogger(__name__)
 
 BUILT_IN = {
-    "de": ["Im Anfang schuf Gott die Himmel und die Erde.", "Und Gott sprach: Es werde Licht! und es ward Licht.",
-           "Ein Mann mit einem roten Hut sitzt auf einer Bank im Park.",
-           "Zwei Kinder spielen am Strand mit einem großen Ball."],
-    "fr": ["Au commencement, Dieu créa les cieux et la terre.", "Dieu dit: Que la lumière soit! Et la lumière fut.",
-           "Un homme avec un chapeau rouge est assis sur un banc dans le parc."],
-    "en": ["In the beginning God created the heaven and the earth.",
-           "A man in a red hat is sitting on a bench in the park."],
+    "de": [
+        "Im Anfang schuf Gott die Himmel und die Erde.",
+        "Und Gott sprach: Es werde Licht! und es ward Licht.",
+        "Ein Mann mit einem roten Hut sitzt auf einer Bank im Park.",
+        "Zwei Kinder spielen am Strand mit einem großen Ball.",
+    ],
+    "fr": [
+        "Au commencement, Dieu créa les cieux et la terre.",
+        "Dieu dit: Que la lumière soit! Et la lumière fut.",
+        "Un homme avec un chapeau rouge est assis sur un banc dans le parc.",
+    ],
+    "en": [
+        "In the beginning God created the heaven and the earth.",
+        "A man in a red hat is sitting on a bench in the park.",
+    ],
     "es": ["En el principio creó Dios los cielos y la tierra.", "Y dijo Dios: Sea la luz: y fué la luz."],
 }
 LANGUAGE_NAMES = {"de": "German", "fr": "French", "en": "English", "es": "Spanish"}
-BIBLE_LANGUAGES = {"k": "en", "4": "en", "3": "en", "e": "de", "s": "de", "l": "fr", "o": "fr", "5": "fr",
-                   "v": "es", "n": "ko", "r": "ru"}
+BIBLE_LANGUAGES = {
+    "k": "en",
+    "4": "en",
+    "3": "en",
+    "e": "de",
+    "s": "de",
+    "l": "fr",
+    "o": "fr",
+    "5": "fr",
+    "v": "es",
+    "n": "ko",
+    "r": "ru",
+}
 MAX_WORDS = 25  # longer test sentences make poor examples on a page
 
 
@@ -58,10 +77,16 @@ def find_examples(payload: dict, checkpoint: str | Path, n: int = 4) -> Examples
         log.warning("example sentences: %s", e)
     lang = _source_language(data)
     if lang in BUILT_IN:
-        return Examples(BUILT_IN[lang][:n], f"built-in {LANGUAGE_NAMES[lang]} sentences: the test split of "
-                        f"corpus {corpus} was not found in a data cache under {data_dir}")
-    return Examples([], f"no examples: the test split of corpus {corpus} was not found in a data cache under "
-                        f"{data_dir}, and there is no built-in list for its source language")
+        return Examples(
+            BUILT_IN[lang][:n],
+            f"built-in {LANGUAGE_NAMES[lang]} sentences: the test split of "
+            f"corpus {corpus} was not found in a data cache under {data_dir}",
+        )
+    return Examples(
+        [],
+        f"no examples: the test split of corpus {corpus} was not found in a data cache under "
+        f"{data_dir}, and there is no built-in list for its source language",
+    )
 
 
 def corpus_test_sources(payload: dict, checkpoint: str | Path) -> tuple[list[str], str] | None:

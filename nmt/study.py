@@ -41,8 +41,14 @@ from nmt.study_runs import BEST, Run, config_notes, find_runs, group_runs, learn
 from nmt.study_stats import Output, add_tests, summarise
 
 log = logging.getLogger(__name__)
-CANDIDATE_EDGES = ([0, 10, 20, 30, 40, 50], [0, 10, 20, 30, 40], [0, 15, 25, 35, 45], [0, 10, 20, 30],
-                   [0, 15, 25, 35], [0, 20, 30])  # finest first
+CANDIDATE_EDGES = (
+    [0, 10, 20, 30, 40, 50],
+    [0, 10, 20, 30, 40],
+    [0, 15, 25, 35, 45],
+    [0, 10, 20, 30],
+    [0, 15, 25, 35],
+    [0, 20, 30],
+)  # finest first
 Pair = tuple[str, str]
 SELECTION = re.compile(r"valid(_k\d+)?")  # the splits training validated on (best.pt, early stopping)
 
@@ -65,9 +71,11 @@ def check_splits(splits: Sequence[str]) -> list[str]:
     chosen = [x for x in splits if SELECTION.fullmatch(x)]
     if chosen:
         which = "valid" if chosen[0] == "valid" else f"{chosen[0]} holds valid's verses, and valid"
-        raise ConfigError(f"--split {'+'.join(splits)}: {which} chose each run's best.pt (and timed its early "
-                          "stopping and learning-rate cuts), so a study on it favours every run by its luckiest "
-                          "checkpoint and its intervals and tests come out too good; use --split test")
+        raise ConfigError(
+            f"--split {'+'.join(splits)}: {which} chose each run's best.pt (and timed its early "
+            "stopping and learning-rate cuts), so a study on it favours every run by its luckiest "
+            "checkpoint and its intervals and tests come out too good; use --split test"
+        )
     return list(splits)
 
 
@@ -87,8 +95,9 @@ def bucket_counts(word_counts: Sequence[int], edges: Sequence[int]) -> list[int]
     return counts
 
 
-def choose_edges(word_counts: Sequence[int], min_bucket: int,
-                 candidates: Sequence[Sequence[int]] = CANDIDATE_EDGES) -> tuple[list[int], bool]:
+def choose_edges(
+    word_counts: Sequence[int], min_bucket: int, candidates: Sequence[Sequence[int]] = CANDIDATE_EDGES
+) -> tuple[list[int], bool]:
     """(the first candidate whose every bucket holds >= min_bucket sentences, True); when none does,
     (the candidate whose smallest bucket is largest, False)."""
     for edges in candidates:
@@ -97,8 +106,9 @@ def choose_edges(word_counts: Sequence[int], min_bucket: int,
     return list(max(candidates, key=lambda e: min(bucket_counts(word_counts, e)))), False
 
 
-def add_intervals(rows: list[dict], pairs: Sequence[Pair], hypotheses: Sequence[str], edges: Sequence[int],
-                  samples: int) -> None:
+def add_intervals(
+    rows: list[dict], pairs: Sequence[Pair], hypotheses: Sequence[str], edges: Sequence[int], samples: int
+) -> None:
     """Give every by-length row a 95% bootstrap interval ("low", "high"; None when empty or samples = 0).
 
     The same resampling seed for every run makes the intervals of runs on the same sentences paired.
@@ -115,6 +125,7 @@ def add_intervals(rows: list[dict], pairs: Sequence[Pair], hypotheses: Sequence[
 
 def long_sentence(pairs: Sequence[Pair], max_words: int) -> int:
     """Index of the longest source with at most `max_words` words (else the shortest longer one)."""
+
     def rank(i: int) -> tuple[bool, int, int]:
         n = len(pairs[i][0].split())
         return (n <= max_words, n if n <= max_words else -n, -i)
@@ -128,13 +139,17 @@ def alignment(run: Run) -> dict | None:
     t = run.long
     if not run.has_alignment or t is None:
         return None
-    return {"src_pieces": t.src_pieces, "tgt_pieces": t.tgt_pieces,
-            "argmax": [int(i) for i in t.attention[: len(t.tgt_pieces)].argmax(dim=1).tolist()]}
+    return {
+        "src_pieces": t.src_pieces,
+        "tgt_pieces": t.tgt_pieces,
+        "argmax": [int(i) for i in t.attention[: len(t.tgt_pieces)].argmax(dim=1).tolist()],
+    }
 
 
 # ------------------------------------------------------------------------------------------- evaluation
-def evaluate_run(run: Run, corpus: Corpus, sets: dict[str, list[Pair]], edges: list[int],
-                 settings: StudySettings, long_source: str) -> None:
+def evaluate_run(
+    run: Run, corpus: Corpus, sets: dict[str, list[Pair]], edges: list[int], settings: StudySettings, long_source: str
+) -> None:
     """Evaluate the run's best checkpoint on every set (files into <run>/eval/); the first set is the study's
     split (by-length rows and heatmaps), the others the verse-window sets test_k<k>. Fills run.result,
     .outputs, .windows, .parameters, .long."""
@@ -145,8 +160,12 @@ def evaluate_run(run: Run, corpus: Corpus, sets: dict[str, list[Pair]], edges: l
     path = run.path / BEST
     payload = load_checkpoint(path)
     translator = Translator.from_payload(payload, settings.device, checkpoint=str(path), **settings.decoding)
-    meta = {"corpus": corpus.name, "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang,
-            "step": payload.get("step")}
+    meta = {
+        "corpus": corpus.name,
+        "src_lang": corpus.src_lang,
+        "tgt_lang": corpus.tgt_lang,
+        "step": payload.get("step"),
+    }
     (split, pairs), *windows = sets.items()
     result = evaluate(translator, pairs, edges, settings.heatmaps, run.path / "eval", split, meta)
     hypotheses = result.pop("hypotheses")
@@ -154,12 +173,13 @@ def evaluate_run(run: Run, corpus: Corpus, sets: dict[str, list[Pair]], edges: l
     run.outputs[split] = Output.of(hypotheses, [t for _, t in pairs], [s for s, _ in pairs])
     for name, window_pairs in windows:
         if list(map(tuple, window_pairs)) == list(map(tuple, pairs)):  # test_k1 = the single verses: reuse
-            run.outputs[name], run.windows[name] = run.outputs[split], {
-                k: result[k] for k in ("bleu", "chrf", "sentences", "files")}
+            run.outputs[name], run.windows[name] = (
+                run.outputs[split],
+                {k: result[k] for k in ("bleu", "chrf", "sentences", "files")},
+            )
             continue
         r = evaluate(translator, window_pairs, edges, 0, run.path / "eval", name, meta)
-        run.outputs[name] = Output.of(r.pop("hypotheses"), [t for _, t in window_pairs],
-                                      [s for s, _ in window_pairs])
+        run.outputs[name] = Output.of(r.pop("hypotheses"), [t for _, t in window_pairs], [s for s, _ in window_pairs])
         run.windows[name] = {k: r[k] for k in ("bleu", "chrf", "sentences", "files")}
     run.result, run.parameters = result, translator.model.num_parameters()
     run.has_alignment = translator.has_alignment
@@ -168,11 +188,20 @@ def evaluate_run(run: Run, corpus: Corpus, sets: dict[str, list[Pair]], edges: l
 
 def run_summary(run: Run) -> dict:
     r = run.result
-    return {"path": str(run.path), "attention": run.attention, "seed": run.config.get("seed"),
-            **{m: r[m] for m in ("sentences", "bleu", "chrf", "ter", "by_length", "files")},
-            "step": run.step, "epoch": run.epoch, "train_minutes": run.minutes, "finished": run.finished,
-            "best_step": r.get("step"), "parameters": run.parameters, "windows": run.windows,
-            "learning_curve": learning_curve(run.history)}
+    return {
+        "path": str(run.path),
+        "attention": run.attention,
+        "seed": run.config.get("seed"),
+        **{m: r[m] for m in ("sentences", "bleu", "chrf", "ter", "by_length", "files")},
+        "step": run.step,
+        "epoch": run.epoch,
+        "train_minutes": run.minutes,
+        "finished": run.finished,
+        "best_step": r.get("step"),
+        "parameters": run.parameters,
+        "windows": run.windows,
+        "learning_curve": learning_curve(run.history),
+    }
 
 
 def default_output(paths: Sequence[Path], runs: Sequence[Path]) -> Path:
@@ -182,8 +211,9 @@ def default_output(paths: Sequence[Path], runs: Sequence[Path]) -> Path:
     return Path(os.path.commonpath([str(p.resolve().parent) for p in runs]))
 
 
-def load_sets(runs: Sequence[Run], load_corpus: Callable[[dict], Corpus],
-              splits: Sequence[str]) -> tuple[list[tuple[Corpus, dict[str, list[Pair]]]], list[str]]:
+def load_sets(
+    runs: Sequence[Run], load_corpus: Callable[[dict], Corpus], splits: Sequence[str]
+) -> tuple[list[tuple[Corpus, dict[str, list[Pair]]]], list[str]]:
     """Per run, (its corpus, {study split: pairs (the splits concatenated), test_k<k>: pairs, ...}) and the
     window sets every run's corpus has (only when the study's split is "test")."""
     corpora: dict[str, Corpus] = {}
@@ -193,8 +223,10 @@ def load_sets(runs: Sequence[Run], load_corpus: Callable[[dict], Corpus],
             corpus = corpora[key] = load_corpus(run.config)
             missing = [x for x in splits if x not in corpus.splits]
             if missing:
-                raise ConfigError(f"split {missing[0]!r} is not a split of corpus {corpus.name}; "
-                                  f"available: {', '.join(corpus.splits)}")
+                raise ConfigError(
+                    f"split {missing[0]!r} is not a split of corpus {corpus.name}; "
+                    f"available: {', '.join(corpus.splits)}"
+                )
     windows = min((window_splits(c) for c in corpora.values()), key=len) if list(splits) == ["test"] else []
     out = []
     for run in runs:
@@ -204,8 +236,13 @@ def load_sets(runs: Sequence[Run], load_corpus: Callable[[dict], Corpus],
     return out, windows
 
 
-def run_study(paths: Sequence[Path], load_corpus: Callable[[dict], Corpus], out_dir: Path | None = None,
-              settings: StudySettings | None = None, progress: bool = True) -> dict:
+def run_study(
+    paths: Sequence[Path],
+    load_corpus: Callable[[dict], Corpus],
+    out_dir: Path | None = None,
+    settings: StudySettings | None = None,
+    progress: bool = True,
+) -> dict:
     """Evaluate every run under `paths`, group, compare, write the study files; returns study.json's dict."""
     from tqdm import tqdm
 
@@ -223,40 +260,70 @@ def run_study(paths: Sequence[Path], load_corpus: Callable[[dict], Corpus], out_
         notes = [f"Buckets as given: edges {edges}."]
     else:
         edges, ok = choose_edges(words, s.min_bucket)
-        notes = [f"Buckets chosen automatically: the finest candidate edge set with at least {s.min_bucket} "
-                 "sentences in every bucket." if ok else
-                 f"No candidate edge set has {s.min_bucket} sentences in every bucket; using the one whose "
-                 f"smallest bucket is largest ({min(bucket_counts(words, edges))} sentences)."]
+        notes = [
+            f"Buckets chosen automatically: the finest candidate edge set with at least {s.min_bucket} "
+            "sentences in every bucket."
+            if ok
+            else f"No candidate edge set has {s.min_bucket} sentences in every bucket; using the one whose "
+            f"smallest bucket is largest ({min(bucket_counts(words, edges))} sentences)."
+        ]
     if len({id(c) for c, _ in sets}) > 1:
-        notes.append("The runs were trained on different corpora, so they were evaluated on different "
-                     "sentences; buckets were chosen on the first run's.")
+        notes.append(
+            "The runs were trained on different corpora, so they were evaluated on different "
+            "sentences; buckets were chosen on the first run's."
+        )
     li = long_sentence(pairs, s.long_words)
-    for run, (corpus, run_sets) in tqdm(list(zip(runs, sets, strict=True)), desc="runs", unit="run",
-                                        disable=not progress):
+    for run, (corpus, run_sets) in tqdm(
+        list(zip(runs, sets, strict=True)), desc="runs", unit="run", disable=not progress
+    ):
         evaluate_run(run, corpus, run_sets, edges, s, pairs[li][0])
     groups = group_runs(runs)
     diff, config_lines = config_notes(groups)
     notes += config_lines
-    notes += [f"`{r.path}` has no metrics.json (still training, or stopped): its best checkpoint so far "
-              f"was evaluated, after {r.step} steps." for r in runs if not r.finished]
+    notes += [
+        f"`{r.path}` has no metrics.json (still training, or stopped): its best checkpoint so far "
+        f"was evaluated, after {r.step} steps."
+        for r in runs
+        if not r.finished
+    ]
     notes += [f"`{p}` has no checkpoints/best.pt yet and was left out." for p in skipped]
     summaries = [summarise(label, members, split, edges, windows, s.bootstrap) for label, members in groups]
     tests, test_notes = add_tests(summaries, groups, split, windows, s.bootstrap)
     decoding = {k: v for k, v in runs[0].result["decoding"].items() if k != "attention"}
     first = runs[0].outputs
     summary = {
-        "split": split, "sentences": len(pairs), "corpus": sets[0][0].name, "decoding": decoding,
-        "buckets": {"edges": edges, "labels": bucket_labels(edges), "given": s.edges is not None,
-                    "min_bucket": s.min_bucket, "counts": bucket_counts(words, edges)},
-        "windows": {"splits": windows, "n": [len(first[w].words) for w in windows],
-                    "source_words": [round(sum(first[w].words) / len(first[w].words), 1) for w in windows]}
-        if windows else None,
-        "bootstrap": s.bootstrap, "tests": tests, "groups": summaries,
-        "runs": [run_summary(r) for r in runs], "config_differences": diff, "notes": notes + test_notes,
-        "long_sentence": {"sentence": li + 1, "words": words[li], "source": pairs[li][0],
-                          "reference": pairs[li][1],
-                          "outputs": {label: members[0].long.text for label, members in groups},
-                          "alignments": {label: alignment(members[0]) for label, members in groups}},
+        "split": split,
+        "sentences": len(pairs),
+        "corpus": sets[0][0].name,
+        "decoding": decoding,
+        "buckets": {
+            "edges": edges,
+            "labels": bucket_labels(edges),
+            "given": s.edges is not None,
+            "min_bucket": s.min_bucket,
+            "counts": bucket_counts(words, edges),
+        },
+        "windows": {
+            "splits": windows,
+            "n": [len(first[w].words) for w in windows],
+            "source_words": [round(sum(first[w].words) / len(first[w].words), 1) for w in windows],
+        }
+        if windows
+        else None,
+        "bootstrap": s.bootstrap,
+        "tests": tests,
+        "groups": summaries,
+        "runs": [run_summary(r) for r in runs],
+        "config_differences": diff,
+        "notes": notes + test_notes,
+        "long_sentence": {
+            "sentence": li + 1,
+            "words": words[li],
+            "source": pairs[li][0],
+            "reference": pairs[li][1],
+            "outputs": {label: members[0].long.text for label, members in groups},
+            "alignments": {label: alignment(members[0]) for label, members in groups},
+        },
         "files": {},
     }
     write_study(summary, groups, out_dir or default_output(paths, run_dirs))

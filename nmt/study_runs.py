@@ -25,8 +25,15 @@ log = logging.getLogger(__name__)
 
 BEST = Path("checkpoints") / "best.pt"
 # config keys that do not change what a run learns (prefixes end with ".")
-IGNORED_KEYS = ("device", "paths.", "trainer.progress", "trainer.resume", "trainer.threads",
-                "trainer.log_every", "trainer.heatmaps")
+IGNORED_KEYS = (
+    "device",
+    "paths.",
+    "trainer.progress",
+    "trainer.resume",
+    "trainer.threads",
+    "trainer.log_every",
+    "trainer.heatmaps",
+)
 
 
 @dataclass
@@ -64,16 +71,19 @@ def find_runs(paths: Sequence[Path]) -> tuple[list[Path], list[Path]]:
     skipped: list[Path] = []
     for p in map(Path, paths):
         if not p.is_dir():
-            raise DataError(f"{p}: no such directory; pass a sweep directory (multirun/<date>/<time>) "
-                            "or run directories")
+            raise DataError(
+                f"{p}: no such directory; pass a sweep directory (multirun/<date>/<time>) or run directories"
+            )
         if (p / BEST).is_file():
             runs.append(p)
             continue
         subdirs = sorted((d for d in p.iterdir() if d.is_dir() and d.name[0] != "."), key=_job_order)
         found = [d for d in subdirs if (d / BEST).is_file()]
         if not found:
-            raise DataError(f"{p}: no runs (no checkpoints/best.pt in it or its subdirectories); pass the "
-                            "directory of an nmt-train multirun, or wait for the first validation")
+            raise DataError(
+                f"{p}: no runs (no checkpoints/best.pt in it or its subdirectories); pass the "
+                "directory of an nmt-train multirun, or wait for the first validation"
+            )
         runs += found
         skipped += [d for d in subdirs if (d / ".hydra").is_dir() and d not in found]
     return list(dict.fromkeys(runs)), skipped
@@ -86,18 +96,27 @@ def load_run(path: Path) -> Run:
     last = path / "checkpoints" / "last.pt"
     payload = load_checkpoint(last if last.is_file() else path / BEST)
     if not isinstance(payload.get("config"), dict) or not payload["config"].get("data"):
-        raise DataError(f"{path}: its checkpoint stores no training config; evaluate it with nmt-evaluate "
-                        "and data=...")
-    done = {"step": payload.get("step", 0), "epoch": payload.get("epoch", 0),
-            "train_minutes": round(float(payload.get("elapsed", 0.0)) / 60, 2)}
+        raise DataError(f"{path}: its checkpoint stores no training config; evaluate it with nmt-evaluate and data=...")
+    done = {
+        "step": payload.get("step", 0),
+        "epoch": payload.get("epoch", 0),
+        "train_minutes": round(float(payload.get("elapsed", 0.0)) / 60, 2),
+    }
     metrics = path / "metrics.json"  # the finished run's own summary (its epoch count includes the last)
     if metrics.is_file():
         try:
             done.update({k: v for k, v in json.loads(metrics.read_text()).items() if k in done})
         except (OSError, ValueError):
             log.warning("%s: unreadable; using the checkpoint's step and epoch", metrics)
-    return Run(path, payload["config"], list(payload.get("history", [])), int(done["step"]),
-               int(done["epoch"]), float(done["train_minutes"]), metrics.is_file())
+    return Run(
+        path,
+        payload["config"],
+        list(payload.get("history", [])),
+        int(done["step"]),
+        int(done["epoch"]),
+        float(done["train_minutes"]),
+        metrics.is_file(),
+    )
 
 
 def flatten(config: dict, prefix: str = "") -> dict:
@@ -119,8 +138,11 @@ def differing_keys(configs: Sequence[dict], skip: Callable[[str], bool] = lambda
     """Dotted keys (except ignored and skipped ones) whose values are not the same in all `configs`."""
     flat = [flatten(c) for c in configs]
     keys = sorted({k for f in flat for k in f})
-    return [k for k in keys if not _ignored(k) and not skip(k)
-            and len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flat}) > 1]
+    return [
+        k
+        for k in keys
+        if not _ignored(k) and not skip(k) and len({json.dumps(f.get(k, "<unset>"), sort_keys=True) for f in flat}) > 1
+    ]
 
 
 def decoder_label(config: dict) -> str:
@@ -181,21 +203,23 @@ def learning_curve(history: Sequence[dict]) -> dict:
 
 def config_notes(groups: Sequence[tuple[str, list[Run]]]) -> tuple[dict, list[str]]:
     """({key: {group label: value}} for keys other than the attention's that differ, notes saying so)."""
-    keys = differing_keys([members[0].config for _, members in groups],
-                          lambda k: k.startswith("attention.") or k == "seed")
+    keys = differing_keys(
+        [members[0].config for _, members in groups], lambda k: k.startswith("attention.") or k == "seed"
+    )
     diff = {k: {label: flatten(members[0].config).get(k) for label, members in groups} for k in keys}
     seeds = {label: sorted({r.config.get("seed") for r in members}) for label, members in groups}
     notes = []
     if diff:
-        listed = "; ".join(f"`{k}` (" + ", ".join(f"{lab}: {v}" for lab, v in vals.items()) + ")"
-                           for k, vals in diff.items())
+        listed = "; ".join(
+            f"`{k}` (" + ", ".join(f"{lab}: {v}" for lab, v in vals.items()) + ")" for k, vals in diff.items()
+        )
         notes.append(f"The runs differ in more than the attention, so compare with care: {listed}.")
     else:
-        notes.append("The runs differ only in the attention" + (" and the seed." if any(
-            len(v) > 1 for v in seeds.values()) else "."))
+        notes.append(
+            "The runs differ only in the attention"
+            + (" and the seed." if any(len(v) > 1 for v in seeds.values()) else ".")
+        )
     if len({json.dumps(v) for v in seeds.values()}) > 1:
         listed = "; ".join(f"{k}: {v}" for k, v in seeds.items())
         notes.append(f"Seeds differ between attention types: {listed}.")
     return diff, notes
-
-

@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 
 BASELINE = "none"  # the attention every other group is tested against
 SEED = 12345  # one resampling seed for every cell: runs on the same sentences get the same resamples
-TEST = ("paired bootstrap resampling (sacrebleu.significance.PairedTest, test_type='bs', two-sided, "
-        "{samples} resamples), one test per seed pair: seed s of the row against seed s of {baseline} "
-        "on the same sentences")
+TEST = (
+    "paired bootstrap resampling (sacrebleu.significance.PairedTest, test_type='bs', two-sided, "
+    "{samples} resamples), one test per seed pair: seed s of the row against seed s of {baseline} "
+    "on the same sentences"
+)
 
 
 @dataclass
@@ -46,8 +48,12 @@ class Output:
 
     @classmethod
     def of(cls, hypotheses: Sequence[str], references: Sequence[str], sources: Sequence[str]) -> Output:
-        return cls(list(hypotheses), list(references), [len(s.split()) for s in sources],
-                   bleu_statistics(hypotheses, references))
+        return cls(
+            list(hypotheses),
+            list(references),
+            [len(s.split()) for s in sources],
+            bleu_statistics(hypotheses, references),
+        )
 
     def bleu(self, idx: Sequence[int]) -> float:
         """Corpus BLEU of the sentences `idx`."""
@@ -65,8 +71,12 @@ def seed_cell(outputs: Sequence[Output], idx: Sequence[int], samples: int) -> di
     if samples > 0:
         low, high = percentile_interval(bootstrap_scores([o.stats[list(idx)] for o in outputs], samples, SEED))
         low, high = round(low, 2), round(high, 2)
-    return {"bleu": round(sum(per_seed) / len(per_seed), 2), "low": low, "high": high,
-            "seed_bleu": [round(b, 2) for b in per_seed]}
+    return {
+        "bleu": round(sum(per_seed) / len(per_seed), 2),
+        "low": low,
+        "high": high,
+        "seed_bleu": [round(b, 2) for b in per_seed],
+    }
 
 
 def paired_p(system: Sequence[str], baseline: Sequence[str], references: Sequence[str], samples: int) -> float:
@@ -81,8 +91,13 @@ def paired_p(system: Sequence[str], baseline: Sequence[str], references: Sequenc
 
     if list(system) == list(baseline):
         return 1.0
-    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": BLEU()},
-                      [list(references)], test_type="bs", n_samples=samples)
+    test = PairedTest(
+        [("baseline", list(baseline)), ("system", list(system))],
+        {"BLEU": BLEU()},
+        [list(references)],
+        test_type="bs",
+        n_samples=samples,
+    )
     _, scores = test()
     base, result = next(v for k, v in scores.items() if k != "System")
     return 1.0 if result.score == base.score else float(result.p_value)
@@ -97,10 +112,15 @@ def paired_cell(pairs: Sequence[tuple[Output, Output]], idx: Sequence[int], samp
     deltas, ps = [], []
     for system, baseline in pairs:
         deltas.append(system.bleu(idx) - baseline.bleu(idx))
-        ps.append(paired_p([system.hypotheses[i] for i in idx], [baseline.hypotheses[i] for i in idx],
-                           [baseline.references[i] for i in idx], samples))
-    return {"delta": round(sum(deltas) / len(deltas), 2), "p": [round(p, 4) for p in ps],
-            "p_max": round(max(ps), 4)}
+        ps.append(
+            paired_p(
+                [system.hypotheses[i] for i in idx],
+                [baseline.hypotheses[i] for i in idx],
+                [baseline.references[i] for i in idx],
+                samples,
+            )
+        )
+    return {"delta": round(sum(deltas) / len(deltas), 2), "p": [round(p, 4) for p in ps], "p_max": round(max(ps), 4)}
 
 
 def pair_seeds(system: Sequence[Run], baseline: Sequence[Run]) -> list[tuple[Run, Run]]:
@@ -132,9 +152,15 @@ def window_rows(runs: Sequence[Run], windows: Sequence[str], samples: int) -> li
     for k, split in enumerate(windows, start=1):
         outs = [r.outputs[split] for r in runs]
         n = len(outs[0].words)
-        rows.append({"k": k, "split": split, "n": n,
-                     "source_words": round(sum(outs[0].words) / max(n, 1), 1),
-                     **seed_cell(outs, range(n), samples)})
+        rows.append(
+            {
+                "k": k,
+                "split": split,
+                "n": n,
+                "source_words": round(sum(outs[0].words) / max(n, 1), 1),
+                **seed_cell(outs, range(n), samples),
+            }
+        )
     return rows
 
 
@@ -143,25 +169,39 @@ def mean(values: Sequence[float | None], digits: int = 2) -> float | None:
     return None if not values or any(v is None for v in values) else round(sum(values) / len(values), digits)
 
 
-def summarise(label: str, runs: Sequence[Run], split: str, edges: Sequence[int], windows: Sequence[str],
-              samples: int) -> dict:
+def summarise(
+    label: str, runs: Sequence[Run], split: str, edges: Sequence[int], windows: Sequence[str], samples: int
+) -> dict:
     """One group's numbers on `split`: seed means with seeds x sentences intervals, overall and per length
     bucket; per window size k too when `windows` names the test_k<k> sets (and the ratio BLEU(K) / BLEU(1))."""
     outs = [r.outputs[split] for r in runs]
     rows = []
     for k, idx in enumerate(bucket_members(outs[0].words, edges)):
         per = [r.result["by_length"][k] for r in runs]
-        rows.append({**{key: per[0][key] for key in ("bucket", "lo", "hi", "n")}, **seed_cell(outs, idx, samples),
-                     "chrf": mean([p["chrf"] for p in per])})
+        rows.append(
+            {
+                **{key: per[0][key] for key in ("bucket", "lo", "hi", "n")},
+                **seed_cell(outs, idx, samples),
+                "chrf": mean([p["chrf"] for p in per]),
+            }
+        )
     first, config = runs[0], runs[0].config
-    summary = {"label": label, "attention": first.attention, "query": config.get("attention", {}).get("query"),
-               "input_feeding": config.get("model", {}).get("input_feeding"),
-               "seeds": [r.config.get("seed") for r in runs], "runs": [str(r.path) for r in runs],
-               "sentences": first.result["sentences"], **seed_cell(outs, range(len(outs[0].words)), samples),
-               **{m: mean([r.result[m] for r in runs]) for m in ("chrf", "ter")},
-               "parameters": first.parameters, "steps": round(sum(r.step for r in runs) / len(runs)),
-               "epochs": mean([r.epoch for r in runs], 1), "train_minutes": mean([r.minutes for r in runs]),
-               "by_length": rows}
+    summary = {
+        "label": label,
+        "attention": first.attention,
+        "query": config.get("attention", {}).get("query"),
+        "input_feeding": config.get("model", {}).get("input_feeding"),
+        "seeds": [r.config.get("seed") for r in runs],
+        "runs": [str(r.path) for r in runs],
+        "sentences": first.result["sentences"],
+        **seed_cell(outs, range(len(outs[0].words)), samples),
+        **{m: mean([r.result[m] for r in runs]) for m in ("chrf", "ter")},
+        "parameters": first.parameters,
+        "steps": round(sum(r.step for r in runs) / len(runs)),
+        "epochs": mean([r.epoch for r in runs], 1),
+        "train_minutes": mean([r.minutes for r in runs]),
+        "by_length": rows,
+    }
     if windows:
         summary["by_window"] = window_rows(runs, windows, samples)
         ends = summary["by_window"][0]["bleu"], summary["by_window"][-1]["bleu"]
@@ -169,8 +209,9 @@ def summarise(label: str, runs: Sequence[Run], split: str, edges: Sequence[int],
     return summary
 
 
-def add_tests(summaries: list[dict], groups: Sequence[tuple[str, list[Run]]], split: str,
-              windows: Sequence[str], samples: int) -> tuple[dict | None, list[str]]:
+def add_tests(
+    summaries: list[dict], groups: Sequence[tuple[str, list[Run]]], split: str, windows: Sequence[str], samples: int
+) -> tuple[dict | None, list[str]]:
     """Test every group against the `none` group (the one whose config differs least from it, when there
     are several) overall, per length bucket and per window size; each summary's cells get a "test"
     (None for the baseline itself). Returns (summary["tests"], notes)."""
@@ -187,24 +228,34 @@ def add_tests(summaries: list[dict], groups: Sequence[tuple[str, list[Run]]], sp
         return None, ["No paired tests (--bootstrap 0)."]
     notes, pairs_of = [], {}
     if len(nones) > 1:
-        notes.append("Several groups have attention=none: each group was tested against the one whose config "
-                     "differs least from its own (study.json: tests.pairs).")
+        notes.append(
+            "Several groups have attention=none: each group was tested against the one whose config "
+            "differs least from its own (study.json: tests.pairs)."
+        )
     for summary, (label, runs) in zip(summaries, groups, strict=True):
         if runs[0].attention == BASELINE:
             continue
-        base_label, base = min(nones, key=lambda g: len(differing_keys(
-            [runs[0].config, g[1][0].config], lambda k: k.startswith("attention.") or k == "seed")))
+        base_label, base = min(
+            nones,
+            key=lambda g: len(
+                differing_keys([runs[0].config, g[1][0].config], lambda k: k.startswith("attention.") or k == "seed")
+            ),
+        )
         if runs[0].outputs[split].references != base[0].outputs[split].references:
             notes.append(f"{label} was not tested against {base_label}: they were evaluated on different sentences.")
             continue
         pairs = pair_seeds(runs, base)
-        pairs_of[label] = {"baseline": base_label, "seeds": [[a.config.get("seed"), b.config.get("seed")]
-                                                              for a, b in pairs]}
+        pairs_of[label] = {
+            "baseline": base_label,
+            "seeds": [[a.config.get("seed"), b.config.get("seed")] for a, b in pairs],
+        }
         if any(a.config.get("seed") != b.config.get("seed") for a, b in pairs):
             notes.append(f"{label} and {base_label} share no seed: their runs were paired in seed order.")
         elif len(pairs) < max(len(runs), len(base)):
-            notes.append(f"{label} and {base_label}: only their shared seeds were paired "
-                         f"({', '.join(str(a.config.get('seed')) for a, _ in pairs)}).")
+            notes.append(
+                f"{label} and {base_label}: only their shared seeds were paired "
+                f"({', '.join(str(a.config.get('seed')) for a, _ in pairs)})."
+            )
         outs = [(a.outputs[split], b.outputs[split]) for a, b in pairs]
         n = len(outs[0][0].words)
         summary["test"] = paired_cell(outs, range(n), samples)

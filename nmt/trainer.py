@@ -97,17 +97,33 @@ class TrainerHook:
 
 
 class Trainer:
-    def __init__(self, model: Seq2Seq, data: PreparedData, config: TrainerConfig, optim: OptimConfig,
-                 run_dir: str | Path, device: str | torch.device = "cpu", seed: int = 1234,
-                 run_config: dict | None = None, rank: int = 0, world_size: int = 1,
-                 hooks: Sequence[TrainerHook] = ()):
+    def __init__(
+        self,
+        model: Seq2Seq,
+        data: PreparedData,
+        config: TrainerConfig,
+        optim: OptimConfig,
+        run_dir: str | Path,
+        device: str | torch.device = "cpu",
+        seed: int = 1234,
+        run_config: dict | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        hooks: Sequence[TrainerHook] = (),
+    ):
         check_edges(config.length_buckets, "trainer.length_buckets")  # fail now, not at the first validation
         # the choices checked, and kept as plain str: they go into checkpoints (read with weights_only=True)
-        config = replace(config, best_metric=choice(Metric, config.best_metric, "trainer.best_metric").value,
-                         bucketing=choice(Bucketing, config.bucketing, "trainer.bucketing").value,
-                         amp=choice(Amp, config.amp, "trainer.amp").value)
-        optim = replace(optim, name=choice(Optimizer, optim.name, "optim.name").value,
-                        schedule=choice(Schedule, optim.schedule, "optim.schedule").value)
+        config = replace(
+            config,
+            best_metric=choice(Metric, config.best_metric, "trainer.best_metric").value,
+            bucketing=choice(Bucketing, config.bucketing, "trainer.bucketing").value,
+            amp=choice(Amp, config.amp, "trainer.amp").value,
+        )
+        optim = replace(
+            optim,
+            name=choice(Optimizer, optim.name, "optim.name").value,
+            schedule=choice(Schedule, optim.schedule, "optim.schedule").value,
+        )
         self.cfg, self.optim_cfg, self.data, self.seed = config, optim, data, seed
         self.run_dir, self.device = Path(run_dir), torch.device(device)
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
@@ -122,14 +138,23 @@ class Trainer:
         if optim.schedule == "plateau":
             mode = "min" if config.best_metric in ("loss", "ppl") else "max"
             self.plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
-                self.optimizer, mode=mode, factor=optim.plateau_factor, patience=optim.plateau_patience,
-                min_lr=optim.min_lr)
+                self.optimizer,
+                mode=mode,
+                factor=optim.plateau_factor,
+                patience=optim.plateau_patience,
+                min_lr=optim.min_lr,
+            )
         self._split_epoch: int | None = None
         self._use_epoch(0)
         bf16 = use_bf16(config.amp, self.device.type, "trainer.amp")
         self.amp = "bf16" if bf16 else "off"  # resolved
-        log.info("precision: %s (trainer.amp=%s); batches of %d tokens, %s bucketing", "bf16 autocast" if bf16
-                 else "fp32", config.amp, config.batch_tokens, config.bucketing)
+        log.info(
+            "precision: %s (trainer.amp=%s); batches of %d tokens, %s bucketing",
+            "bf16 autocast" if bf16 else "fp32",
+            config.amp,
+            config.batch_tokens,
+            config.bucketing,
+        )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0
@@ -148,8 +173,9 @@ class Trainer:
         o = self.optim_cfg
         kind = {Optimizer.adam: torch.optim.Adam, Optimizer.adamw: torch.optim.AdamW}[o.name]
         fused = self.device.type in ("cpu", "cuda")  # one kernel over all parameters instead of a loop
-        return kind(self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay,
-                    fused=fused or None)
+        return kind(
+            self.module.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay, fused=fused or None
+        )
 
     def _lr_now(self) -> float:
         base = self.optimizer.param_groups[0].get("base_lr", self.optim_cfg.lr)
@@ -178,9 +204,15 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.plateau.state_dict() if self.plateau else {},
             "base_lr": [g.get("base_lr", self.optim_cfg.lr) for g in self.optimizer.param_groups],
-            "step": self.step, "epoch": self.epoch, "batch_pos": self.batch_pos,
-            "elapsed": self.elapsed, "best": self.best, "bad_validations": self.bad_validations,
-            "history": self.history, "rng": rng, "world_size": self.world_size,
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_pos": self.batch_pos,
+            "elapsed": self.elapsed,
+            "best": self.best,
+            "bad_validations": self.bad_validations,
+            "history": self.history,
+            "rng": rng,
+            "world_size": self.world_size,
             "window": {k: v for k, v in self.window.items() if k != "time"},
         }
 
@@ -203,8 +235,10 @@ class Trainer:
         differ = sorted(k for k in ours if data["model_config"].get(k) != ours[k])
         if differ or (data["src_vocab"], data["tgt_vocab"]) != (self.module.src_vocab, self.module.tgt_vocab):
             what = ", ".join(f"model.{k}" for k in differ) or "the vocabulary sizes"
-            raise CheckpointError(f"{path}: does not fit this run's model ({what} differ); resume with the settings "
-                                  "it was trained with (its run's .hydra/config.yaml) or use a new run directory")
+            raise CheckpointError(
+                f"{path}: does not fit this run's model ({what} differ); resume with the settings "
+                "it was trained with (its run's .hydra/config.yaml) or use a new run directory"
+            )
         self.module.load_state_dict(data["model"])
         self.optimizer.load_state_dict(data["optimizer"])
         for g, base in zip(self.optimizer.param_groups, data["base_lr"], strict=True):
@@ -267,8 +301,14 @@ class Trainer:
         started = time.time()
         steps_per_epoch = math.ceil(len(self.sampler) / c.accumulate)
         total = c.max_steps or (steps_per_epoch * c.max_epochs if c.max_epochs else None)
-        bar = tqdm(total=total, initial=self.step, disable=not (self.is_main and c.progress), unit="step",
-                   dynamic_ncols=True, desc="train")
+        bar = tqdm(
+            total=total,
+            initial=self.step,
+            disable=not (self.is_main and c.progress),
+            unit="step",
+            dynamic_ncols=True,
+            desc="train",
+        )
         window = self.window
         window["time"] = time.time()
         reason = "max_epochs"
@@ -307,8 +347,12 @@ class Trainer:
                 self.epoch += 1
                 self.batch_pos = 0
                 if self.is_main:
-                    log.info("epoch %d done at step %d; padding overhead %.3fx (padded/real tokens)",
-                             self.epoch, self.step, padded / max(real, 1))
+                    log.info(
+                        "epoch %d done at step %d; padding overhead %.3fx (padded/real tokens)",
+                        self.epoch,
+                        self.step,
+                        padded / max(real, 1),
+                    )
         except Stop as s:
             reason = str(s)
         finally:
@@ -329,9 +373,16 @@ class Trainer:
         if self._split_epoch is not None and (self.data.corpus.window <= 1 or self._split_epoch == epoch):
             return
         self.train_split, self._split_epoch = self.data.train_split(epoch, self.seed), epoch
-        self.sampler = TokenBatchSampler(self.train_split.src_lengths, self.train_split.tgt_lengths,
-                                         self.cfg.batch_tokens, self.seed, True, self.rank, self.world_size,
-                                         bucketing=self.cfg.bucketing)
+        self.sampler = TokenBatchSampler(
+            self.train_split.src_lengths,
+            self.train_split.tgt_lengths,
+            self.cfg.batch_tokens,
+            self.seed,
+            True,
+            self.rank,
+            self.world_size,
+            bucketing=self.cfg.bucketing,
+        )
 
     def _groups(self, epoch: int) -> list[list[list[int]]]:
         """This rank's batches of `epoch`, grouped `accumulate` at a time, with each group's global target tokens."""
@@ -339,8 +390,10 @@ class Trainer:
         local = self.sampler.batches(epoch)
         glob = self.sampler.global_batches(epoch) if self.world_size > 1 else local
         n = self.cfg.accumulate
-        self._group_tokens = [int(sum(int(self.train_split.tgt_lengths[b].sum()) for b in glob[i : i + n]))
-                              for i in range(0, len(glob), n)]
+        self._group_tokens = [
+            int(sum(int(self.train_split.tgt_lengths[b].sum()) for b in glob[i : i + n]))
+            for i in range(0, len(glob), n)
+        ]
         return [local[i : i + n] for i in range(0, len(local), n)]
 
     def _train_step(self, group: list[list[int]]) -> tuple[float | None, int, int]:
@@ -371,8 +424,10 @@ class Trainer:
             log.warning("step %d: non-finite loss or gradient; skipped (%d in a row)", self.step + 1, self._bad_steps)
             self.optimizer.zero_grad(set_to_none=True)
             if self._bad_steps >= self.cfg.max_bad_steps:
-                raise NMTError(f"training diverged: {self._bad_steps} non-finite steps in a row at step {self.step}; "
-                               "lower optim.lr or trainer.clip_norm, or resume from checkpoints/last.pt")
+                raise NMTError(
+                    f"training diverged: {self._bad_steps} non-finite steps in a row at step {self.step}; "
+                    "lower optim.lr or trainer.clip_norm, or resume from checkpoints/last.pt"
+                )
             return None, 0, 0
         self._bad_steps = 0
         self.optimizer.step()
@@ -386,15 +441,29 @@ class Trainer:
         sps = window["sentences"] / max(now - window["time"], 1e-9)
         lr = self.optimizer.param_groups[0]["lr"]
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tps:.0f}", lr=f"{lr:.2e}")
-        entry = {"kind": "train", "step": self.step, "epoch": self.epoch, "loss": round(loss, 6), "lr": lr,
-                 "grad_norm": round(self._last_grad_norm, 4), "tokens_per_s": round(tps, 1),
-                 "sentences_per_s": round(sps, 2)}
+        entry = {
+            "kind": "train",
+            "step": self.step,
+            "epoch": self.epoch,
+            "loss": round(loss, 6),
+            "lr": lr,
+            "grad_norm": round(self._last_grad_norm, 4),
+            "tokens_per_s": round(tps, 1),
+            "sentences_per_s": round(sps, 2),
+        }
         self.history.append(entry)
         if self.writer:
             for k in ("loss", "lr", "grad_norm", "tokens_per_s", "sentences_per_s"):
                 self.writer.add_scalar(f"train/{k}", entry[k], self.step)
-            log.info("step %d epoch %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f", self.step, self.epoch, loss,
-                     lr, self._last_grad_norm, tps)
+            log.info(
+                "step %d epoch %d loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f",
+                self.step,
+                self.epoch,
+                loss,
+                lr,
+                self._last_grad_norm,
+                tps,
+            )
         window.update(loss=0.0, tokens=0, sentences=0, time=now)
 
     # ------------------------------------------------------------------------------------ validation
@@ -408,9 +477,17 @@ class Trainer:
                 hook.on_validation(self, time.perf_counter() - start)
 
     def _validate_once(self) -> bool:
-        metrics = evaluate_split(self.module, self.data, "valid", self.device, self.cfg.valid_batch_tokens,
-                                 self.cfg.length_buckets, self.cfg.valid_max_sentences, self.autocast,
-                                 heatmaps=self.cfg.heatmaps if self.writer else 0)
+        metrics = evaluate_split(
+            self.module,
+            self.data,
+            "valid",
+            self.device,
+            self.cfg.valid_batch_tokens,
+            self.cfg.length_buckets,
+            self.cfg.valid_max_sentences,
+            self.autocast,
+            heatmaps=self.cfg.heatmaps if self.writer else 0,
+        )
         if self.world_size > 1:  # GPU kernels need not agree to the last bit: rank 0's numbers decide for all
             shared = [{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf", "by_length")}]
             dist.broadcast_object_list(shared, src=0)
@@ -418,8 +495,14 @@ class Trainer:
         metric = metrics[self.cfg.best_metric]
         lower_better = self.cfg.best_metric in ("loss", "ppl")
         improved = not self.best or (metric < self.best["value"] if lower_better else metric > self.best["value"])
-        entry = {"kind": "valid", "step": self.step, "epoch": self.epoch, "elapsed": round(self.elapsed, 1),
-                 **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")}, "by_length": metrics["by_length"]}
+        entry = {
+            "kind": "valid",
+            "step": self.step,
+            "epoch": self.epoch,
+            "elapsed": round(self.elapsed, 1),
+            **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")},
+            "by_length": metrics["by_length"],
+        }
         self.history.append(entry)
         if self.plateau:
             before = [g["lr"] for g in self.optimizer.param_groups]
@@ -429,8 +512,13 @@ class Trainer:
                     g["base_lr"] *= g["lr"] / lr
         if improved:
             self.bad_validations = 0
-            self.best = {"metric": self.cfg.best_metric, "value": metric, "step": self.step, "epoch": self.epoch,
-                         **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")}}
+            self.best = {
+                "metric": self.cfg.best_metric,
+                "value": metric,
+                "step": self.step,
+                "epoch": self.epoch,
+                **{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf")},
+            }
         else:
             self.bad_validations += 1
         if self.is_main:
@@ -442,8 +530,15 @@ class Trainer:
 
     def _report_validation(self, entry: dict, metrics: dict) -> None:
         step = self.step
-        log.info("validation at step %d: loss %.4f ppl %.2f BLEU %.2f chrF %.2f%s", step, entry["loss"], entry["ppl"],
-                 entry["bleu"], entry["chrf"], " (new best)" if self.best.get("step") == step else "")
+        log.info(
+            "validation at step %d: loss %.4f ppl %.2f BLEU %.2f chrF %.2f%s",
+            step,
+            entry["loss"],
+            entry["ppl"],
+            entry["bleu"],
+            entry["chrf"],
+            " (new best)" if self.best.get("step") == step else "",
+        )
         for k in ("loss", "ppl", "bleu", "chrf"):
             self.writer.add_scalar(f"valid/{k}", entry[k], step)
         for row in entry["by_length"]:
@@ -457,17 +552,24 @@ class Trainer:
         self.writer.flush()
 
     def _finish(self, reason: str) -> dict:
-        if reason != "early_stopping" and (not self.history or self.history[-1].get("kind") != "valid"
-                                           or self.history[-1]["step"] != self.step):
+        if reason != "early_stopping" and (
+            not self.history or self.history[-1].get("kind") != "valid" or self.history[-1]["step"] != self.step
+        ):
             if reason == "interrupted":
                 self.save("last.pt")
             else:
                 self._validate()
-        summary = {"stopped_by": reason, "step": self.step, "epoch": self.epoch,
-                   "train_minutes": round(self.elapsed / 60, 2), "best": self.best,
-                   "final": next((h for h in reversed(self.history) if h["kind"] == "valid"), None),
-                   "best_checkpoint": str(self.ckpt_dir / "best.pt"), "last_checkpoint": str(self.ckpt_dir / "last.pt"),
-                   "parameters": self.module.num_parameters()}
+        summary = {
+            "stopped_by": reason,
+            "step": self.step,
+            "epoch": self.epoch,
+            "train_minutes": round(self.elapsed / 60, 2),
+            "best": self.best,
+            "final": next((h for h in reversed(self.history) if h["kind"] == "valid"), None),
+            "best_checkpoint": str(self.ckpt_dir / "best.pt"),
+            "last_checkpoint": str(self.ckpt_dir / "last.pt"),
+            "parameters": self.module.num_parameters(),
+        }
         if self.is_main:
             (self.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary

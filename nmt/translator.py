@@ -55,11 +55,20 @@ class Decoding:
 class Translator:
     """A model and its tokenizer with fixed decoding settings (greedy when beam_size = nbest = 1)."""
 
-    def __init__(self, model: Seq2Seq, tokenizer: Tokenizer, device: str | torch.device = "cpu",
-                 beam_size: int = Decoding.beam_size, nbest: int = Decoding.nbest,
-                 length_penalty: float = Decoding.length_penalty, max_len_ratio: float = Decoding.max_len_ratio,
-                 max_len_extra: int = Decoding.max_len_extra, batch_tokens: int = Decoding.batch_tokens,
-                 amp: str = Decoding.amp, max_src_pieces: int = 250):
+    def __init__(
+        self,
+        model: Seq2Seq,
+        tokenizer: Tokenizer,
+        device: str | torch.device = "cpu",
+        beam_size: int = Decoding.beam_size,
+        nbest: int = Decoding.nbest,
+        length_penalty: float = Decoding.length_penalty,
+        max_len_ratio: float = Decoding.max_len_ratio,
+        max_len_extra: int = Decoding.max_len_extra,
+        batch_tokens: int = Decoding.batch_tokens,
+        amp: str = Decoding.amp,
+        max_src_pieces: int = 250,
+    ):
         if beam_size < 1 or nbest < 1:
             raise ConfigError(f"beam size and nbest must be at least 1, not {beam_size} and {nbest}")
         if nbest > beam_size:
@@ -83,8 +92,9 @@ class Translator:
         return cls.from_payload(load_checkpoint(path), device, checkpoint=str(path), **decoding)
 
     @classmethod
-    def from_payload(cls, payload: dict, device: str | torch.device = "cpu", checkpoint: str | None = None,
-                     **decoding) -> Translator:
+    def from_payload(
+        cls, payload: dict, device: str | torch.device = "cpu", checkpoint: str | None = None, **decoding
+    ) -> Translator:
         """From an already loaded checkpoint (nmt-evaluate also needs the payload's stored config)."""
         from nmt.checkpoint import model_from_checkpoint
 
@@ -101,9 +111,13 @@ class Translator:
     @property
     def settings(self) -> dict:
         """The decoding settings as plain values (for reports)."""
-        return {**asdict(self.decoding), "precision": "bf16" if self.bf16 else "fp32",
-                "max_src_pieces": self.max_src_pieces, "device": str(self.device),
-                "attention": self.model.config.attention}
+        return {
+            **asdict(self.decoding),
+            "precision": "bf16" if self.bf16 else "fp32",
+            "max_src_pieces": self.max_src_pieces,
+            "device": str(self.device),
+            "attention": self.model.config.attention,
+        }
 
     # ------------------------------------------------------------------------------------------ translate
     def fit_to(self, texts: list[str]) -> None:
@@ -143,8 +157,13 @@ class Translator:
             seq = next(encoded)
             limit = self.max_src_pieces
             if len(seq) > limit:
-                log.warning("line %d: %d source pieces, over max_src_pieces=%d; translating its first %d",
-                            first_line + n, len(seq), limit, limit - 1)
+                log.warning(
+                    "line %d: %d source pieces, over max_src_pieces=%d; translating its first %d",
+                    first_line + n,
+                    len(seq),
+                    limit,
+                    limit - 1,
+                )
                 seq = seq[: limit - 1] + [EOS_ID]
             out.append(seq)
         return out
@@ -168,14 +187,20 @@ class Translator:
             src[b, : len(s)] = torch.tensor(s, dtype=torch.long)
         d = self.decoding
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return search(self.model, src.to(self.device), lengths, beam_size=d.beam_size, nbest=d.nbest,
-                          max_len_ratio=d.max_len_ratio, max_len_extra=d.max_len_extra, alpha=d.length_penalty)
+            return search(
+                self.model,
+                src.to(self.device),
+                lengths,
+                beam_size=d.beam_size,
+                nbest=d.nbest,
+                max_len_ratio=d.max_len_ratio,
+                max_len_extra=d.max_len_extra,
+                alpha=d.length_penalty,
+            )
 
-    def _translation(self, src_ids: list[int], tokens: list[int], score: float,
-                     attention: Tensor) -> Translation:
+    def _translation(self, src_ids: list[int], tokens: list[int], score: float, attention: Tensor) -> Translation:
         src_pieces = [self.tokenizer.src.id_to_piece(i) for i in src_ids[:-1]] + ["</s>"]
         tgt_pieces = self.tokenizer.tgt_pieces(tokens)
         if attention.size(0) == len(tokens) + 1:  # the output ended with EOS (not cut at the length limit)
             tgt_pieces.append("</s>")
-        return Translation(self.tokenizer.decode_tgt(tokens), score, src_pieces, tgt_pieces,
-                           attention.float().cpu())
+        return Translation(self.tokenizer.decode_tgt(tokens), score, src_pieces, tgt_pieces, attention.float().cpu())

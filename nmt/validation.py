@@ -34,8 +34,17 @@ def spread(n: int, count: int | None) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch.device, batch_tokens: int,
-                   edges: list[int], max_sentences: int | None = None, autocast=nullcontext, heatmaps: int = 0) -> dict:
+def evaluate_split(
+    model: Seq2Seq,
+    data: PreparedData,
+    split: str,
+    device: torch.device,
+    batch_tokens: int,
+    edges: list[int],
+    max_sentences: int | None = None,
+    autocast=nullcontext,
+    heatmaps: int = 0,
+) -> dict:
     """Teacher-forced loss/perplexity plus greedy BLEU/chrF (overall and by source length) on `split`."""
     model.eval()
     encoded: EncodedSplit = data.encoded[split]
@@ -73,9 +82,22 @@ def evaluate_split(model: Seq2Seq, data: PreparedData, split: str, device: torch
         src_text = pairs[sent][0]
         labels = data.tokenizer.tgt_pieces(hyp.tokens)
         labels += ["</s>"] if hyp.attention.size(0) > len(hyp.tokens) else []  # no EOS when cut at the limit
-        figures.append(attention_figure(hyp.attention, data.tokenizer.src_pieces(src_text), labels, title=src_text[:80],
-                                        has_alignment=model.attention.has_alignment))
+        figures.append(
+            attention_figure(
+                hyp.attention,
+                data.tokenizer.src_pieces(src_text),
+                labels,
+                title=src_text[:80],
+                has_alignment=model.attention.has_alignment,
+            )
+        )
     loss = nll / max(tokens, 1)
-    return {"loss": round(loss, 5), "ppl": round(math.exp(min(loss, 50)), 3), "bleu": scores["bleu"],
-            "chrf": scores["chrf"], "by_length": bleu_by_length([s for s, _ in pairs], hyps, refs, edges),
-            "hypotheses": hyps, "figures": figures}
+    return {
+        "loss": round(loss, 5),
+        "ppl": round(math.exp(min(loss, 50)), 3),
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "by_length": bleu_by_length([s for s, _ in pairs], hyps, refs, edges),
+        "hypotheses": hyps,
+        "figures": figures,
+    }

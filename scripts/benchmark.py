@@ -80,10 +80,20 @@ BEAMS = {"greedy": 1, "beam5": 5}
 PEERS = {"opennmt": ("opennmt.sh", "onmt_summary.json"), "joeynmt": ("joeynmt.sh", "joey_summary.json")}
 NO_VALIDATION = 1_000_000  # trainer.valid_every: validate only once, at the end
 # A few seconds on the synthetic task, for the test suite.
-TINY_OVERRIDES = ["data=synthetic", "data.train_size=400", "data.valid_size=20", "data.test_size=20",
-                  "data.max_len=8", "data.test_max_len=10", "data.vocab_words=30", "tokenizer.vocab_size=100",
-                  "model.embed_size=32", "model.encoder_hidden_size=32", "model.hidden_size=64",
-                  "trainer.batch_tokens=300"]
+TINY_OVERRIDES = [
+    "data=synthetic",
+    "data.train_size=400",
+    "data.valid_size=20",
+    "data.test_size=20",
+    "data.max_len=8",
+    "data.test_max_len=10",
+    "data.vocab_words=30",
+    "tokenizer.vocab_size=100",
+    "model.embed_size=32",
+    "model.encoder_hidden_size=32",
+    "model.hidden_size=64",
+    "trainer.batch_tokens=300",
+]
 # OpenNMT-py 3.5.1 in ../shared/peers/README.md (another session, same kind of machine): used for the
 # floors only when no OpenNMT-py run was made in this invocation.
 OPENNMT_README = {"sentences_per_s": 145.7, "decode_s_beam5": 10.0, "peak_train_gib": 3.7}
@@ -91,29 +101,41 @@ OPENNMT_README = {"sentences_per_s": 145.7, "decode_s_beam5": 10.0, "peak_train_
 
 # ------------------------------------------------------------------------------------------ arguments
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of the train config")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="a Hydra override (repeatable); applied before the trailing ones")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Hydra override (repeatable); applied before the trailing ones",
+    )
     p.add_argument("--data", default="../shared/data/multi30k", help="folder of the Multi30k .gz files")
-    p.add_argument("--train-seconds", type=float, default=None,
-                   help="training wall-clock budget, validations included (default 720; --tiny: 3)")
+    p.add_argument(
+        "--train-seconds",
+        type=float,
+        default=None,
+        help="training wall-clock budget, validations included (default 720; --tiny: 3)",
+    )
     p.add_argument("--threads", type=int, default=2, help="CPU threads for everything, peers included")
-    p.add_argument("--matmul-seconds", type=float, default=None,
-                   help="length of the matmul measurement (default 3; --tiny: 0.5)")
+    p.add_argument(
+        "--matmul-seconds", type=float, default=None, help="length of the matmul measurement (default 3; --tiny: 0.5)"
+    )
     p.add_argument("--out", default=None, help="the JSON report (default benchmark.json; with --table: none)")
-    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
-                   help="also run this peer's recipe (repeatable)")
+    p.add_argument(
+        "--peer", action="append", default=[], choices=sorted(PEERS), help="also run this peer's recipe (repeatable)"
+    )
     p.add_argument("--peer-dir", default="../shared/peers", help="folder of the peer scripts")
     p.add_argument("--work", default=None, help="scratch folder (default: a new temporary folder)")
-    p.add_argument("--skip-train", metavar="CHECKPOINT", default=None,
-                   help="do not train; decode this checkpoint")
-    p.add_argument("--tiny", action="store_true",
-                   help="a synthetic task and a tiny model: seconds, for tests")
-    p.add_argument("--table", metavar="JSON", default=None,
-                   help="run nothing: print the table of an earlier report, its peers' figures and the\n"
-                        "floors recomputed from the raw figures it holds (written back with --out)")
+    p.add_argument("--skip-train", metavar="CHECKPOINT", default=None, help="do not train; decode this checkpoint")
+    p.add_argument("--tiny", action="store_true", help="a synthetic task and a tiny model: seconds, for tests")
+    p.add_argument(
+        "--table",
+        metavar="JSON",
+        default=None,
+        help="run nothing: print the table of an earlier report, its peers' figures and the\n"
+        "floors recomputed from the raw figures it holds (written back with --out)",
+    )
     args = p.parse_intermixed_args(argv)
     if args.train_seconds is None:
         args.train_seconds = 3.0 if args.tiny else 720.0
@@ -131,9 +153,15 @@ def benchmark_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, 
         overrides += [*TINY_OVERRIDES, f"paths.data_dir={work / 'data'}"]
     else:
         overrides.append(f"data.root={Path(args.data).resolve()}")
-    overrides += [f"trainer.max_minutes={args.train_seconds / 60}", f"trainer.valid_every={NO_VALIDATION}",
-                  f"trainer.threads={args.threads}", "trainer.progress=false", "trainer.heatmaps=0",
-                  *args.override, *args.overrides]
+    overrides += [
+        f"trainer.max_minutes={args.train_seconds / 60}",
+        f"trainer.valid_every={NO_VALIDATION}",
+        f"trainer.threads={args.threads}",
+        "trainer.progress=false",
+        "trainer.heatmaps=0",
+        *args.override,
+        *args.overrides,
+    ]
     return compose_config(overrides), overrides
 
 
@@ -155,9 +183,14 @@ def matmul_rate(threads: int, seconds: float, n: int = 512, dtype: torch.dtype =
             torch.mm(a, b, out=out)
         calls += 10
     elapsed = time.perf_counter() - start
-    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "threads": threads, "calls": calls,
-            "seconds": round(elapsed, 3),
-            "gflops": round(2 * n**3 * calls / elapsed / 1e9, 1)}
+    return {
+        "n": n,
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": threads,
+        "calls": calls,
+        "seconds": round(elapsed, 3),
+        "gflops": round(2 * n**3 * calls / elapsed / 1e9, 1),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- FLOPs
@@ -181,8 +214,11 @@ def attention_flops(cfg: ModelConfig, D: int) -> tuple[int, int, int]:
         "local": (2 * D * Q, 2 * Q * Q + 2 * Q, 2 * Q + 2 * D),  # W h; position MLP; scores and context
     }
     if cfg.attention == "luong":
-        return {"general": (2 * D * Q, 0, 2 * Q + 2 * D), "dot": (0, 0, 4 * D),
-                "concat": (2 * D * Q, 2 * Q * Q, 2 * Q + 2 * D)}[score]
+        return {
+            "general": (2 * D * Q, 0, 2 * Q + 2 * D),
+            "dot": (0, 0, 4 * D),
+            "concat": (2 * D * Q, 2 * Q * Q, 2 * Q + 2 * D),
+        }[score]
     return table[cfg.attention]
 
 
@@ -212,19 +248,27 @@ def forward_flops(cfg: ModelConfig, tgt_vocab: int, S, T):
     return S * (encoder + per_src) + bridge + T * decoder + S * T * per_pair
 
 
-def flops_report(cfg: ModelConfig, tgt_vocab: int, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor,
-                 sentences_per_s: float | None, matmul_gflops: float) -> dict:
+def flops_report(
+    cfg: ModelConfig,
+    tgt_vocab: int,
+    src_lengths: torch.Tensor,
+    tgt_lengths: torch.Tensor,
+    sentences_per_s: float | None,
+    matmul_gflops: float,
+) -> dict:
     """FLOPs per training sentence averaged over the training set; the achieved share of the matmul rate."""
     forward = float(forward_flops(cfg, tgt_vocab, src_lengths.double(), tgt_lengths.double()).mean())
     train = 3 * forward
     achieved = train * sentences_per_s / 1e9 if sentences_per_s else None
-    return {"mean_src_pieces": round(float(src_lengths.double().mean()), 3),
-            "mean_tgt_pieces": round(float(tgt_lengths.double().mean()), 3),
-            "forward_gflop_per_sentence": round(forward / 1e9, 4),
-            "train_gflop_per_sentence": round(train / 1e9, 4),
-            "achieved_gflops": round(achieved, 2) if achieved else None,
-            "fraction_of_matmul": round(achieved / matmul_gflops, 4) if achieved else None,
-            "sentences_per_s_at_matmul_rate": round(matmul_gflops * 1e9 / train, 1)}
+    return {
+        "mean_src_pieces": round(float(src_lengths.double().mean()), 3),
+        "mean_tgt_pieces": round(float(tgt_lengths.double().mean()), 3),
+        "forward_gflop_per_sentence": round(forward / 1e9, 4),
+        "train_gflop_per_sentence": round(train / 1e9, 4),
+        "achieved_gflops": round(achieved, 2) if achieved else None,
+        "fraction_of_matmul": round(achieved / matmul_gflops, 4) if achieved else None,
+        "sentences_per_s_at_matmul_rate": round(matmul_gflops * 1e9 / train, 1),
+    }
 
 
 # ------------------------------------------------------------------------------------------- training
@@ -250,8 +294,9 @@ class Meter(TrainerHook):
         self.validations += 1
 
 
-def train(cfg: DictConfig, run_dir: Path, device: str, hooks: Sequence[TrainerHook] = ()
-          ) -> tuple[dict, Path, PreparedData]:
+def train(
+    cfg: DictConfig, run_dir: Path, device: str, hooks: Sequence[TrainerHook] = ()
+) -> tuple[dict, Path, PreparedData]:
     """Train the composed config in this process (`hooks` observe it too); (measurements, last checkpoint,
     prepared data)."""
     start = time.perf_counter()
@@ -262,8 +307,12 @@ def train(cfg: DictConfig, run_dir: Path, device: str, hooks: Sequence[TrainerHo
     trainer = build_run(cfg, run_dir, device, data, hooks=[meter, *hooks])
     model, tcfg = trainer.module, trainer.cfg
     real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
-    log.info("training %s parameters for %.0f s on %d thread(s)", f"{model.num_parameters():,}",
-             60 * (tcfg.max_minutes or 0), torch.get_num_threads())
+    log.info(
+        "training %s parameters for %.0f s on %d thread(s)",
+        f"{model.num_parameters():,}",
+        60 * (tcfg.max_minutes or 0),
+        torch.get_num_threads(),
+    )
     start = time.perf_counter()
     summary = trainer.train()
     total_seconds = time.perf_counter() - start
@@ -277,14 +326,19 @@ def train(cfg: DictConfig, run_dir: Path, device: str, hooks: Sequence[TrainerHo
         "step_seconds": round(meter.step_seconds, 2),  # inside the optimizer steps only
         "valid_seconds": round(meter.valid_seconds, 2),
         "validations": meter.validations,
-        "amp": trainer.amp, "bucketing": tcfg.bucketing, "batch_tokens": tcfg.batch_tokens,
-        "steps": summary["step"], "epochs": round(trainer.epoch + trainer.batch_pos / steps_per_epoch, 3),
+        "amp": trainer.amp,
+        "bucketing": tcfg.bucketing,
+        "batch_tokens": tcfg.batch_tokens,
+        "steps": summary["step"],
+        "epochs": round(trainer.epoch + trainer.batch_pos / steps_per_epoch, 3),
         "stopped_by": summary["stopped_by"],
-        "sentences": meter.sentences, "target_tokens": meter.target_tokens,
+        "sentences": meter.sentences,
+        "target_tokens": meter.target_tokens,
         "sentences_per_s": round(meter.sentences / train_seconds, 2),
         "target_tokens_per_s": round(meter.target_tokens / train_seconds, 1),
         "sentences_per_s_steps_only": round(meter.sentences / max(meter.step_seconds, 1e-9), 2),
-        "real_tokens_epoch0": real, "padded_tokens_epoch0": padded,
+        "real_tokens_epoch0": real,
+        "padded_tokens_epoch0": padded,
         "padding_overhead": round(padded / max(real, 1), 4),
         "peak_rss_gib": round(max_rss_gib(), 3),  # the whole process so far, data preparation included
         "rss_after_data_prep_gib": round(rss_after_prep, 3),
@@ -300,8 +354,9 @@ def translate_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "nmt.cli.translate"]
 
 
-def decode_only(checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str,
-                amp: str = "auto") -> tuple[dict, list[str]]:
+def decode_only(
+    checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, amp: str = "auto"
+) -> tuple[dict, list[str]]:
     """Translator.translate's seconds and BLEU in this process (amp: the decoding precision, as nmt-translate)."""
     translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam, length_penalty=1.0, amp=amp)
     start = time.perf_counter()
@@ -309,13 +364,21 @@ def decode_only(checkpoint: Path, sources: list[str], references: list[str], bea
     seconds = time.perf_counter() - start
     hyps = [r[0].text for r in results]
     scores = corpus_scores(hyps, references, ter=False)
-    return {"beam": beam, "sentences": len(sources), "precision": translator.settings["precision"],
-            "decode_seconds": round(seconds, 3), "sentences_per_s": round(len(sources) / seconds, 2),
-            "bleu": scores["bleu"], "chrf": scores["chrf"], "bleu_signature": scores["signatures"]["bleu"]}, hyps
+    return {
+        "beam": beam,
+        "sentences": len(sources),
+        "precision": translator.settings["precision"],
+        "decode_seconds": round(seconds, 3),
+        "sentences_per_s": round(len(sources) / seconds, 2),
+        "bleu": scores["bleu"],
+        "chrf": scores["chrf"],
+        "bleu_signature": scores["signatures"]["bleu"],
+    }, hyps
 
 
-def decode(checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, threads: int,
-           work: Path) -> dict:
+def decode(
+    checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, threads: int, work: Path
+) -> dict:
     """Decode-only time in this process and whole-process time of nmt-translate, with BLEU of both outputs;
     then decode-only again in fp32 (amp=off) when the default precision is bf16, for comparison."""
     result, hyps = decode_only(checkpoint, sources, references, beam, device)
@@ -323,8 +386,16 @@ def decode(checkpoint: Path, sources: list[str], references: list[str], beam: in
 
     src_file, out_file = work / "test.src", work / f"test_b{beam}.process.hyp"
     src_file.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-    cmd = [*translate_command(), str(checkpoint), "--beam", str(beam), "--batch-size", str(len(sources)),
-           "--device", device]
+    cmd = [
+        *translate_command(),
+        str(checkpoint),
+        "--beam",
+        str(beam),
+        "--batch-size",
+        str(len(sources)),
+        "--device",
+        device,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     start = time.perf_counter()
     with open(src_file, "rb") as fin, open(out_file, "wb") as fout:
@@ -333,9 +404,14 @@ def decode(checkpoint: Path, sources: list[str], references: list[str], beam: in
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
     process_hyps = out_file.read_text(encoding="utf-8").splitlines()
-    result.update({"process_seconds": round(process_seconds, 3), "process_command": shlex.join(cmd),
-                   "process_bleu": corpus_scores(process_hyps, references, ter=False)["bleu"],
-                   "process_output_matches": process_hyps == hyps})
+    result.update(
+        {
+            "process_seconds": round(process_seconds, 3),
+            "process_command": shlex.join(cmd),
+            "process_bleu": corpus_scores(process_hyps, references, ter=False)["bleu"],
+            "process_output_matches": process_hyps == hyps,
+        }
+    )
     if result["precision"] != "fp32":
         result["fp32"] = decode_only(checkpoint, sources, references, beam, device, amp="off")[0]
     return result
@@ -362,8 +438,12 @@ def peer_figures(name: str, summary: dict) -> dict:
         params = summary.get("params_ckpt") or summary.get("params_logged")
         tokens, decode_key = summary.get("trg_tok_per_s_overall"), "generation_secs"
     rss = (summary.get("train_maxrss_mb_wall") or [None])[0]  # MiB (GNU time's KiB / 1024)
-    out = {"parameters": params, "sentences_per_s": summary.get("sent_per_s_overall"),
-           "target_tokens_per_s": tokens, "peak_train_gib": round(rss / 1024, 3) if rss else None}
+    out = {
+        "parameters": params,
+        "sentences_per_s": summary.get("sent_per_s_overall"),
+        "target_tokens_per_s": tokens,
+        "peak_train_gib": round(rss / 1024, 3) if rss else None,
+    }
     for label, beam in BEAMS.items():
         d = summary.get(f"decode_b{beam}") or {}
         times = d.get(decode_key) or []
@@ -388,15 +468,25 @@ def run_peer(name: str, peer_dir: Path, work: Path, data: Path, train_seconds: f
     script, summary_name = PEERS[name]
     work.mkdir(parents=True, exist_ok=True)
     log_path = work / f"{name}_run.log"
-    env = {**untuned_environment(), "WORK": str(work), "DATA": str(data), "THREADS": str(threads),
-           "TRAIN_SECONDS": str(int(round(train_seconds)))}
+    env = {
+        **untuned_environment(),
+        "WORK": str(work),
+        "DATA": str(data),
+        "THREADS": str(threads),
+        "TRAIN_SECONDS": str(int(round(train_seconds))),
+    }
     cmd = ["bash", str(peer_dir / script)]
     log.info("running %s (log: %s)", shlex.join(cmd), log_path)
     start = time.perf_counter()
     with open(log_path, "wb") as out:
         returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    result = {"command": shlex.join(cmd), "returncode": returncode, "log": str(log_path), "ok": False,
-              "seconds": round(time.perf_counter() - start, 1)}
+    result = {
+        "command": shlex.join(cmd),
+        "returncode": returncode,
+        "log": str(log_path),
+        "ok": False,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     try:
         summary = json.loads((work / summary_name).read_text())
         if returncode != 0:
@@ -412,12 +502,20 @@ def run_peer(name: str, peer_dir: Path, work: Path, data: Path, train_seconds: f
 # ---------------------------------------------------------------------------------------------- report
 def our_figures(report: dict) -> dict:
     train, dec = report.get("train") or {}, report["decode"]
-    out = {"parameters": report["model"]["parameters"], "sentences_per_s": train.get("sentences_per_s"),
-           "target_tokens_per_s": train.get("target_tokens_per_s"),
-           "peak_train_gib": train.get("peak_rss_gib")}
+    out = {
+        "parameters": report["model"]["parameters"],
+        "sentences_per_s": train.get("sentences_per_s"),
+        "target_tokens_per_s": train.get("target_tokens_per_s"),
+        "peak_train_gib": train.get("peak_rss_gib"),
+    }
     for label in BEAMS:
-        out.update({f"bleu_{label}": dec[label]["bleu"], f"decode_s_{label}": dec[label]["decode_seconds"],
-                    f"process_s_{label}": dec[label]["process_seconds"]})
+        out.update(
+            {
+                f"bleu_{label}": dec[label]["bleu"],
+                f"decode_s_{label}": dec[label]["decode_seconds"],
+                f"process_s_{label}": dec[label]["process_seconds"],
+            }
+        )
     return out
 
 
@@ -436,14 +534,22 @@ def floors(report: dict) -> list[dict]:
 
     sps = ref.get("sentences_per_s")
     return [
-        row("training sentences/s >= 1.5 x OpenNMT-py", ours["sentences_per_s"], sps and round(1.5 * sps, 2),
-            True, basis),
-        row("test BLEU beam 5 >= 35 after 720 s", ours["bleu_beam5"], 35.0, True,
-            f"budget {report['args']['train_seconds']:.0f} s"),
-        row("beam-5 decode seconds <= OpenNMT-py", ours["decode_s_beam5"], ref.get("decode_s_beam5"),
-            False, basis),
-        row("peak training memory (GiB) < OpenNMT-py", ours["peak_train_gib"], ref.get("peak_train_gib"),
-            False, basis),
+        row(
+            "training sentences/s >= 1.5 x OpenNMT-py",
+            ours["sentences_per_s"],
+            sps and round(1.5 * sps, 2),
+            True,
+            basis,
+        ),
+        row(
+            "test BLEU beam 5 >= 35 after 720 s",
+            ours["bleu_beam5"],
+            35.0,
+            True,
+            f"budget {report['args']['train_seconds']:.0f} s",
+        ),
+        row("beam-5 decode seconds <= OpenNMT-py", ours["decode_s_beam5"], ref.get("decode_s_beam5"), False, basis),
+        row("peak training memory (GiB) < OpenNMT-py", ours["peak_train_gib"], ref.get("peak_train_gib"), False, basis),
     ]
 
 
@@ -486,25 +592,37 @@ def format_table(report: dict) -> str:
     train, flops, mm = report.get("train") or {}, report["flops"], report["matmul"]
     mm16 = report.get("matmul_bf16") or {}
     extras = [
-        ("training seconds (validation excluded) / validation seconds",
-         f"{fmt(train.get('train_seconds'), '.1f')} / {fmt(train.get('valid_seconds'), '.1f')}"),
-        ("training precision (trainer.amp) / batches (trainer.bucketing, batch_tokens)",
-         f"{train.get('amp', '-')} / {train.get('bucketing', '-')}, {train.get('batch_tokens', '-')}"),
+        (
+            "training seconds (validation excluded) / validation seconds",
+            f"{fmt(train.get('train_seconds'), '.1f')} / {fmt(train.get('valid_seconds'), '.1f')}",
+        ),
+        (
+            "training precision (trainer.amp) / batches (trainer.bucketing, batch_tokens)",
+            f"{train.get('amp', '-')} / {train.get('bucketing', '-')}, {train.get('batch_tokens', '-')}",
+        ),
         ("padding overhead (padded / real tokens, epoch 0)", fmt(train.get("padding_overhead"), ".3f")),
         ("model GFLOP per training sentence (3 x forward)", fmt(flops["train_gflop_per_sentence"], ".3f")),
         ("achieved training GFLOP/s", fmt(flops["achieved_gflops"], ".1f")),
-        (f"torch.mm {mm['n']}^3 fp32 / bf16 GFLOP/s, {mm['threads']} thread(s)",
-         f"{fmt(mm['gflops'], '.1f')} / {fmt(mm16.get('gflops'), '.1f')}"),
-        (f"achieved fraction of the matmul rate ({flops.get('matmul_dtype', 'float32')})",
-         fmt(flops["fraction_of_matmul"], ".3f")),
+        (
+            f"torch.mm {mm['n']}^3 fp32 / bf16 GFLOP/s, {mm['threads']} thread(s)",
+            f"{fmt(mm['gflops'], '.1f')} / {fmt(mm16.get('gflops'), '.1f')}",
+        ),
+        (
+            f"achieved fraction of the matmul rate ({flops.get('matmul_dtype', 'float32')})",
+            fmt(flops["fraction_of_matmul"], ".3f"),
+        ),
         ("sentences/s at the matmul rate", fmt(flops["sentences_per_s_at_matmul_rate"], ".1f")),
     ]
     for label in BEAMS:
         dec = report["decode"][label]
         if "fp32" in dec:  # the default precision was bf16: the same decode in fp32 beside it
-            extras.append((f"decode {label}, decode only: seconds / BLEU in {dec['precision']} and in fp32",
-                           f"{fmt(dec['decode_seconds'], '.2f')} / {fmt(dec['bleu'], '.2f')} and "
-                           f"{fmt(dec['fp32']['decode_seconds'], '.2f')} / {fmt(dec['fp32']['bleu'], '.2f')}"))
+            extras.append(
+                (
+                    f"decode {label}, decode only: seconds / BLEU in {dec['precision']} and in fp32",
+                    f"{fmt(dec['decode_seconds'], '.2f')} / {fmt(dec['bleu'], '.2f')} and "
+                    f"{fmt(dec['fp32']['decode_seconds'], '.2f')} / {fmt(dec['fp32']['bleu'], '.2f')}",
+                )
+            )
     lines += ["", "| ours | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in extras]
     lines += ["", "| floor (reported, not asserted) | ours | target | met | basis |", "|---|---|---|---|---|"]
     for f in report["floors"]:
@@ -528,8 +646,12 @@ def model_and_flops(checkpoint: Path, corpus, data: PreparedData | None, report:
         pairs = corpus.splits["train"]
         src_lengths = torch.tensor([len(x) for x in tokenizer.encode_src([s for s, _ in pairs])])
         tgt_lengths = torch.tensor([len(x) for x in tokenizer.encode_tgt([t for _, t in pairs])])
-    info = {"parameters": model.num_parameters(), "src_vocab": model.src_vocab, "tgt_vocab": model.tgt_vocab,
-            "config": model.config.to_dict()}
+    info = {
+        "parameters": model.num_parameters(),
+        "src_vocab": model.src_vocab,
+        "tgt_vocab": model.tgt_vocab,
+        "config": model.config.to_dict(),
+    }
     sentences_per_s = (report["train"] or {}).get("sentences_per_s")
     bf16 = (report["train"] or {}).get("amp") == "bf16" and report.get("matmul_bf16")
     rate = report["matmul_bf16"] if bf16 else report["matmul"]  # the precision training ran its matmuls in
@@ -571,8 +693,12 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "command": shlex.join([sys.executable, *sys.argv]),
         "date": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "args": vars(args), "overrides": overrides, "work": str(work), "machine": describe_machine(args.threads),
-        "device": device, "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)
+        "args": vars(args),
+        "overrides": overrides,
+        "work": str(work),
+        "machine": describe_machine(args.threads),
+        "device": device,
+        "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)
     }
     log.info("matmul rate: %.1f s of %d^3 torch.mm", args.matmul_seconds, 512)
     report["matmul"] = matmul_rate(args.threads, args.matmul_seconds)
@@ -601,8 +727,14 @@ def main(argv: list[str] | None = None) -> int:
     write_json(report, out)  # ours are safe even if a peer run hangs or is interrupted
 
     for name in dict.fromkeys(args.peer):
-        report["peers"][name] = run_peer(name, Path(args.peer_dir).resolve(), work / "peer",
-                                         Path(args.data).resolve(), args.train_seconds, args.threads)
+        report["peers"][name] = run_peer(
+            name,
+            Path(args.peer_dir).resolve(),
+            work / "peer",
+            Path(args.data).resolve(),
+            args.train_seconds,
+            args.threads,
+        )
     report["floors"] = floors(report)
     write_json(report, out)
     print(format_table(report))

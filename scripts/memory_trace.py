@@ -39,14 +39,31 @@ from nmt.trainer import TrainerHook
 MIB = 2**20
 PRESET = ["experiment=multi30k_deen"]  # scripts/benchmark.py's
 TINY = ["experiment=quick", "data.train_size=400", "data.valid_size=20", "data.test_size=20"]  # seconds
-ENVIRONMENT = ("NMT_TUNE_ALLOCATOR", "THP_MEM_ALLOC_ENABLE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-               "MALLOC_MMAP_THRESHOLD_", "OMP_NUM_THREADS")
+ENVIRONMENT = (
+    "NMT_TUNE_ALLOCATOR",
+    "THP_MEM_ALLOC_ENABLE",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+    "MALLOC_MMAP_THRESHOLD_",
+    "OMP_NUM_THREADS",
+)
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def heap_reader():
@@ -60,6 +77,7 @@ def heap_reader():
     def read() -> tuple[float, float, float]:
         info = mallinfo2()
         return info.uordblks / MIB, info.fordblks / MIB, info.hblkhd / MIB
+
     return read
 
 
@@ -69,8 +87,7 @@ def resident_mib() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides of the train config")
     p.add_argument("--seconds", type=float, default=240.0, help="training wall-clock budget")
     p.add_argument("--threads", type=int, default=2)
@@ -87,9 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="nmt-memory-"))
     work.mkdir(parents=True, exist_ok=True)
     data = [f"paths.data_dir={work / 'data'}"] if args.tiny else [f"data.root={Path(args.data).resolve()}"]
-    overrides = [*(TINY if args.tiny else PRESET), *data, f"trainer.max_minutes={args.seconds / 60}",
-                 "trainer.max_steps=null", "trainer.valid_every=1000000", f"trainer.threads={args.threads}",
-                 "trainer.progress=false", "trainer.heatmaps=0", *args.overrides]  # validation only at the end
+    overrides = [
+        *(TINY if args.tiny else PRESET),
+        *data,
+        f"trainer.max_minutes={args.seconds / 60}",
+        "trainer.max_steps=null",
+        "trainer.valid_every=1000000",
+        f"trainer.threads={args.threads}",
+        "trainer.progress=false",
+        "trainer.heatmaps=0",
+        *args.overrides,
+    ]  # validation only at the end
     cfg = compose_config(overrides)
     torch.set_num_threads(args.threads)
     heap = heap_reader()
@@ -110,11 +135,16 @@ def main(argv: list[str] | None = None) -> int:
     trainer = build_run(cfg, work / "run", resolve_device(cfg.device), hooks=[Trace()])
     trainer.train()
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    summary = {"command": " ".join([sys.executable, *sys.argv]), "overrides": overrides,
-               "allocator": tune_allocator(),  # what nmt/memory.py set; then the variables as they were
-               "environment": {k: os.environ.get(k) for k in ENVIRONMENT}, "steps": len(steps),
-               "sentences_per_s": round(sentences_seen[0] / max(trainer.elapsed, 1e-9), 2),
-               "peak_resident_mib": round(peak_mib), "end": steps[-1] if steps else None}
+    summary = {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "overrides": overrides,
+        "allocator": tune_allocator(),  # what nmt/memory.py set; then the variables as they were
+        "environment": {k: os.environ.get(k) for k in ENVIRONMENT},
+        "steps": len(steps),
+        "sentences_per_s": round(sentences_seen[0] / max(trainer.elapsed, 1e-9), 2),
+        "peak_resident_mib": round(peak_mib),
+        "end": steps[-1] if steps else None,
+    }
     print(json.dumps(summary, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps({**summary, "trace": steps}, indent=1) + "\n")

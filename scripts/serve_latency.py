@@ -66,8 +66,12 @@ def cpu_name() -> str:
 def start(checkpoints: list[str], extra: list[str]) -> tuple[subprocess.Popen, str, float]:
     """Start nmt-serve; (process, base URL, seconds from start to the first page served)."""
     began = time.perf_counter()
-    proc = subprocess.Popen([str(BIN / "nmt-serve"), *checkpoints, "--port", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(BIN / "nmt-serve"), *checkpoints, "--port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = None
     for line in proc.stdout:
         found = re.search(r"on (http://\S+/)", line)
@@ -110,9 +114,14 @@ def latency(url: str, text: str, beam: int, n: int) -> dict:
         reply = json.loads(raw)
         models.append([r["time"] for r in reply["results"]])
     labels = [r["label"] for r in reply["results"]]
-    return {"beam": beam, "requests": n, "median_s": statistics.median(walls), "min_s": min(walls),
-            "max_s": max(walls), "model_median_s": {label: statistics.median(m[i] for m in models)
-                                                    for i, label in enumerate(labels)}}
+    return {
+        "beam": beam,
+        "requests": n,
+        "median_s": statistics.median(walls),
+        "min_s": min(walls),
+        "max_s": max(walls),
+        "model_median_s": {label: statistics.median(m[i] for m in models) for i, label in enumerate(labels)},
+    }
 
 
 def main() -> None:
@@ -144,18 +153,30 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait()
-    report = {"measured": when, "load_average_1min_before": load, "cpu": cpu_name(),
-              "checkpoints": args.checkpoints, "server_args": extra, "text": text,
-              "words": len(text.split()), "startup_s": startups, "startup_median_s": statistics.median(startups),
-              "latency": runs}
+    report = {
+        "measured": when,
+        "load_average_1min_before": load,
+        "cpu": cpu_name(),
+        "checkpoints": args.checkpoints,
+        "server_args": extra,
+        "text": text,
+        "words": len(text.split()),
+        "startup_s": startups,
+        "startup_median_s": statistics.median(startups),
+        "latency": runs,
+    }
     print(f"CPU: {report['cpu']}; {when}, load average {load} before the run")
     print(f"{len(args.checkpoints)} checkpoints; sentence of {report['words']} words: {text}")
-    print(f"start to first page: median {report['startup_median_s']:.2f} s over {args.starts} starts "
-          f"({', '.join(f'{s:.2f}' for s in startups)})")
+    print(
+        f"start to first page: median {report['startup_median_s']:.2f} s over {args.starts} starts "
+        f"({', '.join(f'{s:.2f}' for s in startups)})"
+    )
     for r in runs:
         models = ", ".join(f"{label.split(' ')[0]} {s * 1000:.0f}" for label, s in r["model_median_s"].items())
-        print(f"beam {r['beam']}: request median {r['median_s'] * 1000:.0f} ms (min {r['min_s'] * 1000:.0f}, max "
-              f"{r['max_s'] * 1000:.0f}) over {r['requests']}; model time medians (ms): {models}")
+        print(
+            f"beam {r['beam']}: request median {r['median_s'] * 1000:.0f} ms (min {r['min_s'] * 1000:.0f}, max "
+            f"{r['max_s'] * 1000:.0f}) over {r['requests']}; model time medians (ms): {models}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -16,8 +16,15 @@ import tempfile
 
 from playwright.sync_api import sync_playwright
 
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main() -> None:
@@ -33,8 +40,13 @@ def main() -> None:
     args = p.parse_args()
     card, row = (int(x) - 1 for x in args.hover.split(","))
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
-        browser = pw.chromium.launch_persistent_context(profile, executable_path=args.chromium, headless=True,
-                                                        args=FLAGS, viewport={"width": args.width, "height": 900})
+        browser = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=args.chromium,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": args.width, "height": 900},
+        )
         page = browser.new_page()
         page.goto(args.url)
         page.check(f'input[name=beam][value="{args.beam}"]')

@@ -63,8 +63,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("variants", nargs="*", metavar="VARIANT", help=f"any of {', '.join(VARIANTS)} (default: all)")
     p.add_argument("--steps", type=int, default=40, help="timed optimizer steps per variant (default 40)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    p.add_argument("--data", default="../shared/data/multi30k",
-                   help="the Multi30k raw files (data.root); '' when an override picks another corpus")
+    p.add_argument(
+        "--data",
+        default="../shared/data/multi30k",
+        help="the Multi30k raw files (data.root); '' when an override picks another corpus",
+    )
     p.add_argument("--out", help="also write the results as JSON to this file")
     args = p.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
@@ -98,9 +101,15 @@ def time_variant(cfg, data, steps: int, work: Path) -> dict:
         if i >= WARMUP:
             sentences, tokens = sentences + len(indices), tokens + n
     seconds = time.perf_counter() - start
-    return {"amp": tcfg.amp, "bucketing": tcfg.bucketing, "input_feeding": model.config.input_feeding,
-            "steps": len(batches) - WARMUP, "seconds": round(seconds, 3),
-            "sentences_per_s": round(sentences / seconds, 1), "target_tokens_per_s": round(tokens / seconds, 1)}
+    return {
+        "amp": tcfg.amp,
+        "bucketing": tcfg.bucketing,
+        "input_feeding": model.config.input_feeding,
+        "steps": len(batches) - WARMUP,
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(sentences / seconds, 1),
+        "target_tokens_per_s": round(tokens / seconds, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,9 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     base = ["experiment=multi30k_deen", *root, "trainer.progress=false", *overrides]
     data = load_data(compose_config(base))
     names = args.variants or [v for v in VARIANTS if v != "fp32-exact-nofeed"]
-    configs = {name: compose_config([*base, f"trainer.amp={VARIANTS[name][0]}",
-                                     f"trainer.bucketing={VARIANTS[name][1]}",
-                                     f"model.input_feeding={VARIANTS[name][2]}"]) for name in names}
+    configs = {
+        name: compose_config(
+            [
+                *base,
+                f"trainer.amp={VARIANTS[name][0]}",
+                f"trainer.bucketing={VARIANTS[name][1]}",
+                f"model.input_feeding={VARIANTS[name][2]}",
+            ]
+        )
+        for name in names
+    }
     results, first = {}, None
     print(f"{'variant':20s} {'sent/s':>8s} {'tok/s':>8s} {'ratio':>6s}")
     work = Path(tempfile.mkdtemp(prefix="nmt-steps-"))  # the Trainers' run directory (nothing is written)
@@ -123,9 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = r
         print(f"{name:20s} {r['sentences_per_s']:8.1f} {r['target_tokens_per_s']:8.0f} {r['ratio']:6.2f}", flush=True)
     if args.out:
-        report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "threads": args.threads,
-                  "overrides": overrides, "torch": torch.__version__, "machine": describe_machine(args.threads),
-                  "results": results}
+        report = {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "threads": args.threads,
+            "overrides": overrides,
+            "torch": torch.__version__,
+            "machine": describe_machine(args.threads),
+            "results": results,
+        }
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
 

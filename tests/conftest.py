@@ -1,7 +1,7 @@
 """Shared fixtures: a small model trained once per test module on the synthetic task.
 
-    def test_something(quick_run):          # quick_run: the run directory of `nmt-train experiment=quick`
-        checkpoint = quick_run / "checkpoints" / "best.pt"
+def test_something(quick_run):          # quick_run: the run directory of `nmt-train experiment=quick`
+    checkpoint = quick_run / "checkpoints" / "best.pt"
 """
 
 from __future__ import annotations
@@ -22,9 +22,15 @@ def quick_run(tmp_path_factory) -> Path:
     """Train the `quick` preset for 200 steps (about 15 s on 2 CPU cores) and return its run directory."""
     root = tmp_path_factory.mktemp("quick")
     run_dir = root / "run"
-    cmd = [str(BIN / "nmt-train"), "experiment=quick", f"hydra.run.dir={run_dir}",
-           f"paths.data_dir={root / 'data'}", "trainer.progress=false", "trainer.max_steps=200",
-           "trainer.threads=1"]
+    cmd = [
+        str(BIN / "nmt-train"),
+        "experiment=quick",
+        f"hydra.run.dir={run_dir}",
+        f"paths.data_dir={root / 'data'}",
+        "trainer.progress=false",
+        "trainer.max_steps=200",
+        "trainer.threads=1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (run_dir / "checkpoints" / "best.pt").exists()

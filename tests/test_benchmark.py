@@ -50,8 +50,18 @@ def load_benchmark():
 
 def run_benchmark(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp / "b.json"
-    cmd = [sys.executable, str(SCRIPT), "--tiny", "--threads", "1", "--out", str(out),
-           "--work", str(tmp / "work"), *args]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--tiny",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+        "--work",
+        str(tmp / "work"),
+        *args,
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ENV_DEFAULTS}  # as a user's shell would start it
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -77,8 +87,22 @@ def positive(section: dict, *keys: str) -> None:
 
 def test_tiny_run_writes_the_expected_json(tiny):
     _, _, report = tiny
-    for key in ("command", "date", "args", "overrides", "machine", "matmul", "train", "decode", "model",
-                "flops", "figures", "peers", "floors", "peak_rss_gib"):
+    for key in (
+        "command",
+        "date",
+        "args",
+        "overrides",
+        "machine",
+        "matmul",
+        "train",
+        "decode",
+        "model",
+        "flops",
+        "figures",
+        "peers",
+        "floors",
+        "peak_rss_gib",
+    ):
         assert key in report, key
     assert "benchmark.py --tiny" in report["command"]
     machine = report["machine"]
@@ -88,8 +112,17 @@ def test_tiny_run_writes_the_expected_json(tiny):
     positive(report["matmul_bf16"], "gflops", "calls", "seconds")
     assert (report["matmul"]["dtype"], report["matmul_bf16"]["dtype"]) == ("float32", "bfloat16")
     assert report["train"]["amp"] in ("bf16", "off") and report["train"]["bucketing"] in ("exact", "sorted")
-    positive(report["train"], "sentences_per_s", "target_tokens_per_s", "train_seconds", "steps", "sentences",
-             "target_tokens", "peak_rss_gib", "padding_overhead")
+    positive(
+        report["train"],
+        "sentences_per_s",
+        "target_tokens_per_s",
+        "train_seconds",
+        "steps",
+        "sentences",
+        "target_tokens",
+        "peak_rss_gib",
+        "padding_overhead",
+    )
     assert report["train"]["padding_overhead"] >= 1
     assert Path(report["train"]["checkpoint"]).is_file()
     for label, beam in (("greedy", 1), ("beam5", 5)):
@@ -100,8 +133,14 @@ def test_tiny_run_writes_the_expected_json(tiny):
         assert dec["precision"] in ("bf16", "fp32") and ("fp32" in dec) == (dec["precision"] == "bf16")
         if "fp32" in dec:
             assert dec["fp32"]["precision"] == "fp32" and 0 <= dec["fp32"]["bleu"] <= 100
-    positive(report["flops"], "train_gflop_per_sentence", "achieved_gflops", "fraction_of_matmul",
-             "mean_src_pieces", "mean_tgt_pieces")
+    positive(
+        report["flops"],
+        "train_gflop_per_sentence",
+        "achieved_gflops",
+        "fraction_of_matmul",
+        "mean_src_pieces",
+        "mean_tgt_pieces",
+    )
     positive(report["model"], "parameters")
     assert len(report["floors"]) == 4
 
@@ -111,8 +150,7 @@ def test_peers_side_by_side_and_a_failing_peer(tiny):
     onmt = report["peers"]["opennmt"]
     data = str((ROOT / "../shared/data/multi30k").resolve())
     # the peer runs in the user's environment, without the memory settings our benchmark process took
-    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data,
-                                                      "thp": "unset"}
+    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data, "thp": "unset"}
     assert report["allocator"]["THP_MEM_ALLOC_ENABLE"] == "1"
     assert onmt["figures"]["process_s_beam5"] == pytest.approx(75.5)
     assert onmt["figures"]["peak_train_gib"] == pytest.approx(3.7)
@@ -154,10 +192,13 @@ def test_flops_are_counted_for_every_attention(attention):
 
 def test_peer_summaries_are_read_with_missing_fields():
     bench = load_benchmark()
-    joey = {"params_ckpt": 13180000, "sent_per_s_overall": 63.7, "trg_tok_per_s_overall": 1000.0,
-            "train_maxrss_mb_wall": [1945.6, "12:00.20"],
-            "decode_b1": {"generation_secs": [5.0, 5.5], "maxrss_mb_wall": [700.0, "0:14.00"],
-                          "bleu": "8.69"}}
+    joey = {
+        "params_ckpt": 13180000,
+        "sent_per_s_overall": 63.7,
+        "trg_tok_per_s_overall": 1000.0,
+        "train_maxrss_mb_wall": [1945.6, "12:00.20"],
+        "decode_b1": {"generation_secs": [5.0, 5.5], "maxrss_mb_wall": [700.0, "0:14.00"], "bleu": "8.69"},
+    }
     figures = bench.peer_figures("joeynmt", joey)
     assert figures["decode_s_greedy"] == pytest.approx(10.5) and figures["process_s_greedy"] == 14.0
     assert figures["bleu_greedy"] == 8.69 and figures["peak_train_gib"] == pytest.approx(1.9)
@@ -168,11 +209,35 @@ def test_peer_summaries_are_read_with_missing_fields():
 def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
     """scripts/step_benchmark.py on a tiny synthetic setting: every variant named runs and is reported."""
     out = tmp_path / "steps.json"
-    tiny = ["data=synthetic", "data.train_size=200", "data.valid_size=10", "data.test_size=10", "data.max_len=6",
-            "tokenizer.vocab_size=60", "model.embed_size=16", "model.encoder_hidden_size=16", "model.hidden_size=32",
-            "trainer.batch_tokens=200", f"paths.data_dir={tmp_path / 'data'}"]
-    cmd = [sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp32-sorted", "bf16-exact-nofeed",
-           "--steps", "2", "--threads", "1", "--data", "", "--out", str(out), "--", *tiny]
+    tiny = [
+        "data=synthetic",
+        "data.train_size=200",
+        "data.valid_size=10",
+        "data.test_size=10",
+        "data.max_len=6",
+        "tokenizer.vocab_size=60",
+        "model.embed_size=16",
+        "model.encoder_hidden_size=16",
+        "model.hidden_size=32",
+        "trainer.batch_tokens=200",
+        f"paths.data_dir={tmp_path / 'data'}",
+    ]
+    cmd = [
+        sys.executable,
+        str(SCRIPT.parent / "step_benchmark.py"),
+        "fp32-sorted",
+        "bf16-exact-nofeed",
+        "--steps",
+        "2",
+        "--threads",
+        "1",
+        "--data",
+        "",
+        "--out",
+        str(out),
+        "--",
+        *tiny,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -183,8 +248,9 @@ def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
     assert report["results"]["bf16-exact-nofeed"]["input_feeding"] is False
     assert report["machine"]["cpu_model"] and report["machine"]["threads"] == 1
     assert "bf16-exact-nofeed" in proc.stdout
-    bad = subprocess.run([sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp16"], capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp16"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "unknown variant(s) fp16" in bad.stderr
 
 
@@ -197,8 +263,12 @@ def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_pat
     assert bench.peer_figures("opennmt", summary)["decode_s_beam5"] == 10.4
     saved = tmp_path / "report.json"
     saved.write_text(json.dumps(report))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--table", str(saved), "--out", str(tmp_path / "again.json")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--table", str(saved), "--out", str(tmp_path / "again.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| training sentences/s (validation excluded) |" in proc.stdout and "| floor" in proc.stdout
     again = json.loads((tmp_path / "again.json").read_text())
@@ -208,8 +278,21 @@ def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_pat
 def test_memory_trace_records_every_step(tmp_path):
     """scripts/memory_trace.py on its tiny setting: a row per optimizer step, memory figures > 0."""
     out = tmp_path / "trace.json"
-    cmd = [sys.executable, str(SCRIPT.parent / "memory_trace.py"), "--tiny", "--seconds", "3", "--threads", "1",
-           "--every", "1", "--work", str(tmp_path / "work"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(SCRIPT.parent / "memory_trace.py"),
+        "--tiny",
+        "--seconds",
+        "3",
+        "--threads",
+        "1",
+        "--every",
+        "1",
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())

@@ -42,21 +42,31 @@ from nmt.translator import Translator
 BIN = Path(sys.executable).parent
 # What the user runs: no debugging switches inherited from the developer's shell.
 ENV = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "NMT_DEBUG")}
-TINY = ["experiment=quick", "data.train_size=300", "data.valid_size=20", "data.test_size=20",
-        "trainer.max_steps=6", "trainer.valid_every=6", "trainer.heatmaps=0", "trainer.threads=1",
-        "trainer.progress=false"]
+TINY = [
+    "experiment=quick",
+    "data.train_size=300",
+    "data.valid_size=20",
+    "data.test_size=20",
+    "trainer.max_steps=6",
+    "trainer.valid_every=6",
+    "trainer.heatmaps=0",
+    "trainer.threads=1",
+    "trainer.progress=false",
+]
 LONG_LINE = ("ein haus " * 12_000)[:100_000]  # 100,000 characters of words: ~22,000 pieces
 
 
-def run(cmd: list[str], cwd: Path, stdin: bytes | None = None, env: dict | None = None,
-        fsize_kb: int | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], cwd: Path, stdin: bytes | None = None, env: dict | None = None, fsize_kb: int | None = None
+) -> subprocess.CompletedProcess:
     """Run one of the console scripts (or any command) as the user would; text output, bytes input."""
     argv = [str(BIN / cmd[0]) if (BIN / cmd[0]).exists() else cmd[0], *cmd[1:]]
     if fsize_kb is not None:  # no file may grow past fsize_kb: writes fail with EFBIG, like a full disk
         argv = ["bash", "-c", f'ulimit -f {fsize_kb} && exec "$@"', "bash", *argv]
     proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=300, cwd=cwd, env=env or ENV)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, proc.stdout.decode(errors="replace"),
-                                       proc.stderr.decode(errors="replace"))
+    return subprocess.CompletedProcess(
+        proc.args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+    )
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
@@ -118,8 +128,12 @@ class Workspace:
         self._procs: list[subprocess.Popen] = []
         for name in ("run", "twin"):  # both at once: they share nothing but the seed
             with open(root / f"{name}.out", "w") as log:
-                cmd = [str(BIN / "nmt-train"), *TINY, f"hydra.run.dir={root / name}",
-                       f"paths.data_dir={root / (name + '_data')}"]
+                cmd = [
+                    str(BIN / "nmt-train"),
+                    *TINY,
+                    f"hydra.run.dir={root / name}",
+                    f"paths.data_dir={root / (name + '_data')}",
+                ]
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=ENV)
                 self._procs.append(proc)
         self._done = False
@@ -182,84 +196,201 @@ class Case:
 
 PREPARE = ("nmt-prepare", "data=files", "paths.data_dir={root}/pdata")
 BIBLE = ("nmt-prepare", "paths.data_dir={root}/pdata")
-TRAIN = ("nmt-train", "experiment=quick", "trainer.max_steps=2", "trainer.threads=1",
-         "trainer.progress=false", "paths.data_dir={data}")
+TRAIN = (
+    "nmt-train",
+    "experiment=quick",
+    "trainer.max_steps=2",
+    "trainer.threads=1",
+    "trainer.progress=false",
+    "paths.data_dir={data}",
+)
 SHORT = ("--max-len-ratio", "0.3")  # outputs of at most 0.3 x source + 10 pieces: quicker, as robust
-ODD_STDIN = ("\ufeffbom at the start\r\n"  # a BOM and CRLF line endings
-             "caf\xe9 latin-1 byte\n"  # made an invalid UTF-8 byte below
-             "\x00\x07\x1b[31m control characters\n"
-             "\u202eright-to-left override \u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627\n"
-             "e\u0301\u0302\u0303 combining marks \U0001f600\U0001f44d\U0001f3fd\u200d\n"
-             "\n"
-             "   \t  \n"
-             + "x" * 5000 + "\n").encode().replace("caf\xe9".encode(), b"caf\xe9")
+ODD_STDIN = (
+    (
+        "\ufeffbom at the start\r\n"  # a BOM and CRLF line endings
+        "caf\xe9 latin-1 byte\n"  # made an invalid UTF-8 byte below
+        "\x00\x07\x1b[31m control characters\n"
+        "\u202eright-to-left override \u05e9\u05dc\u05d5\u05dd \u0645\u0631\u062d\u0628\u0627\n"
+        "e\u0301\u0302\u0303 combining marks \U0001f600\U0001f44d\U0001f3fd\u200d\n"
+        "\n"
+        "   \t  \n" + "x" * 5000 + "\n"
+    )
+    .encode()
+    .replace("caf\xe9".encode(), b"caf\xe9")
+)
 
 MATRIX = [
     # nmt-prepare: the corpus files
-    Case("mismatched-line-counts", (*PREPARE, "data.train=[{root}/m.src,{root}/m.tgt]"), 2,
-         ("{root}/m.src has 3 lines but {root}/m.tgt has 2", "one sentence per line on both sides")),
-    Case("invalid-utf8", (*PREPARE, "data.train={root}/latin1.tsv"), 2,
-         ("{root}/latin1.tsv, line 2: not valid UTF-8 (byte 0xe9 at column 4)", "iconv -f latin1 -t utf-8")),
-    Case("empty-tsv", (*PREPARE, "data.train={root}/empty.tsv"), 2,
-         ("{root}/empty.tsv: empty file", "source<TAB>target")),
-    Case("empty-parallel-files", (*PREPARE, "data.train=[{root}/e.src,{root}/e.tgt]"), 2,
-         ("{root}/e.src and {root}/e.tgt: both files are empty", "one sentence per line")),
-    Case("tsv-wrong-columns", (*PREPARE, "data.train={root}/cols.tsv"), 2,
-         ("{root}/cols.tsv, line 3: found 3 tab-separated columns, expected 2", "remove stray tabs")),
-    Case("missing-file", (*PREPARE, "data.train={root}/nowhere.tsv"), 2,
-         ("{root}/nowhere.tsv: no such file", "check data.* paths")),
+    Case(
+        "mismatched-line-counts",
+        (*PREPARE, "data.train=[{root}/m.src,{root}/m.tgt]"),
+        2,
+        ("{root}/m.src has 3 lines but {root}/m.tgt has 2", "one sentence per line on both sides"),
+    ),
+    Case(
+        "invalid-utf8",
+        (*PREPARE, "data.train={root}/latin1.tsv"),
+        2,
+        ("{root}/latin1.tsv, line 2: not valid UTF-8 (byte 0xe9 at column 4)", "iconv -f latin1 -t utf-8"),
+    ),
+    Case(
+        "empty-tsv", (*PREPARE, "data.train={root}/empty.tsv"), 2, ("{root}/empty.tsv: empty file", "source<TAB>target")
+    ),
+    Case(
+        "empty-parallel-files",
+        (*PREPARE, "data.train=[{root}/e.src,{root}/e.tgt]"),
+        2,
+        ("{root}/e.src and {root}/e.tgt: both files are empty", "one sentence per line"),
+    ),
+    Case(
+        "tsv-wrong-columns",
+        (*PREPARE, "data.train={root}/cols.tsv"),
+        2,
+        ("{root}/cols.tsv, line 3: found 3 tab-separated columns, expected 2", "remove stray tabs"),
+    ),
+    Case(
+        "missing-file",
+        (*PREPARE, "data.train={root}/nowhere.tsv"),
+        2,
+        ("{root}/nowhere.tsv: no such file", "check data.* paths"),
+    ),
     Case("train-file-not-given", PREPARE, 2, ("data.train is required", "data.train=FILE")),
-    Case("no-validation-pairs", (*PREPARE, "data.train={root}/tiny.tsv"), 2,
-         ("corpus files has no validation pairs (train 2, valid 0, test 0)", "data.valid=FILE")),
-    Case("unknown-data-key", (*PREPARE, "data.train={root}/clean.tsv", "+data.trian=x"), 2,
-         ("data.trian: Key 'trian' not in 'FilesData'", "fix the value")),
-    Case("wrong-type-data", (*PREPARE, "data.train={root}/clean.tsv", "data.valid_percent=abc"), 1,
-         ("Value 'abc' of type 'str' could not be converted to Float", "full_key: data.valid_percent")),
-    Case("bad-choice-tokenizer", (*PREPARE, "data.train={root}/clean.tsv", "tokenizer.type=bpee"), 1,
-         ("Invalid value 'bpee', expected one of [unigram, bpe, char, word]", "full_key: tokenizer.type")),
-    Case("unknown-key-hydra", (*PREPARE, "data.train={root}/clean.tsv", "tokenizer.vocab_sise=3"), 1,
-         ("Could not override 'tokenizer.vocab_sise'", "Key 'vocab_sise' not in 'TokenizerSettings'")),
-    Case("line-of-100k-characters", (*PREPARE, "data.train={root}/long.tsv", "data.valid={root}/dev.tsv",
-                                     "data.test={root}/dev.tsv", "tokenizer.vocab_size=60"), 0,
-         ("longer than 100 pieces (train only)",)),
-    Case("bom-and-crlf", (*PREPARE, "data.train={root}/bom_crlf.tsv", "tokenizer.vocab_size=60"), 0,
-         ("cache: ",)),
+    Case(
+        "no-validation-pairs",
+        (*PREPARE, "data.train={root}/tiny.tsv"),
+        2,
+        ("corpus files has no validation pairs (train 2, valid 0, test 0)", "data.valid=FILE"),
+    ),
+    Case(
+        "unknown-data-key",
+        (*PREPARE, "data.train={root}/clean.tsv", "+data.trian=x"),
+        2,
+        ("data.trian: Key 'trian' not in 'FilesData'", "fix the value"),
+    ),
+    Case(
+        "wrong-type-data",
+        (*PREPARE, "data.train={root}/clean.tsv", "data.valid_percent=abc"),
+        1,
+        ("Value 'abc' of type 'str' could not be converted to Float", "full_key: data.valid_percent"),
+    ),
+    Case(
+        "bad-choice-tokenizer",
+        (*PREPARE, "data.train={root}/clean.tsv", "tokenizer.type=bpee"),
+        1,
+        ("Invalid value 'bpee', expected one of [unigram, bpe, char, word]", "full_key: tokenizer.type"),
+    ),
+    Case(
+        "unknown-key-hydra",
+        (*PREPARE, "data.train={root}/clean.tsv", "tokenizer.vocab_sise=3"),
+        1,
+        ("Could not override 'tokenizer.vocab_sise'", "Key 'vocab_sise' not in 'TokenizerSettings'"),
+    ),
+    Case(
+        "line-of-100k-characters",
+        (
+            *PREPARE,
+            "data.train={root}/long.tsv",
+            "data.valid={root}/dev.tsv",
+            "data.test={root}/dev.tsv",
+            "tokenizer.vocab_size=60",
+        ),
+        0,
+        ("longer than 100 pieces (train only)",),
+    ),
+    Case("bom-and-crlf", (*PREPARE, "data.train={root}/bom_crlf.tsv", "tokenizer.vocab_size=60"), 0, ("cache: ",)),
     # nmt-prepare: the Bible codes (refused before the database is read)
-    Case("unknown-bible-code", (*BIBLE, "data.source_translation=q"), 2,
-         ("unknown Bible translation 'q'", "use one of: k (en King James Version 1611)")),
-    Case("copyrighted-bible-code", (*BIBLE, "data.target_translation=2"), 2,
-         ("Bible translation '2' is copyrighted", "use one of: k (en King James Version 1611)")),
+    Case(
+        "unknown-bible-code",
+        (*BIBLE, "data.source_translation=q"),
+        2,
+        ("unknown Bible translation 'q'", "use one of: k (en King James Version 1611)"),
+    ),
+    Case(
+        "copyrighted-bible-code",
+        (*BIBLE, "data.target_translation=2"),
+        2,
+        ("Bible translation '2' is copyrighted", "use one of: k (en King James Version 1611)"),
+    ),
     # nmt-train: the config
-    Case("unknown-key-train-hydra", (*TRAIN, "trainer.max_stpes=2"), 1,
-         ("Could not override 'trainer.max_stpes'", "Key 'max_stpes' not in 'TrainerConfig'")),
-    Case("wrong-type-train", (*TRAIN, "trainer.max_steps=abc", "hydra.run.dir={root}/bad/type"), 1,
-         ("Value 'abc' of type 'str' could not be converted to Integer", "full_key: trainer.max_steps")),
-    Case("bad-choice-train", (*TRAIN, "trainer.amp=bf17", "hydra.run.dir={root}/bad/amp"), 1,
-         ("Invalid value 'bf17', expected one of [auto, bf16, off]", "full_key: trainer.amp")),
-    Case("unknown-attention-name", (*TRAIN, "attention.name=foo", "hydra.run.dir={root}/bad/attention"), 2,
-         ("unknown attention.name='foo'", "choose one of: ", "bahdanau")),
-    Case("unknown-attention-group", (*TRAIN, "attention=foo"), 1,
-         ("Could not find 'attention/foo'", "Available options in 'attention'")),
+    Case(
+        "unknown-key-train-hydra",
+        (*TRAIN, "trainer.max_stpes=2"),
+        1,
+        ("Could not override 'trainer.max_stpes'", "Key 'max_stpes' not in 'TrainerConfig'"),
+    ),
+    Case(
+        "wrong-type-train",
+        (*TRAIN, "trainer.max_steps=abc", "hydra.run.dir={root}/bad/type"),
+        1,
+        ("Value 'abc' of type 'str' could not be converted to Integer", "full_key: trainer.max_steps"),
+    ),
+    Case(
+        "bad-choice-train",
+        (*TRAIN, "trainer.amp=bf17", "hydra.run.dir={root}/bad/amp"),
+        1,
+        ("Invalid value 'bf17', expected one of [auto, bf16, off]", "full_key: trainer.amp"),
+    ),
+    Case(
+        "unknown-attention-name",
+        (*TRAIN, "attention.name=foo", "hydra.run.dir={root}/bad/attention"),
+        2,
+        ("unknown attention.name='foo'", "choose one of: ", "bahdanau"),
+    ),
+    Case(
+        "unknown-attention-group",
+        (*TRAIN, "attention=foo"),
+        1,
+        ("Could not find 'attention/foo'", "Available options in 'attention'"),
+    ),
     # nmt-evaluate and nmt-translate: the checkpoint (both use load_checkpoint and model_from_checkpoint)
-    Case("checkpoint-is-a-directory", ("nmt-evaluate", "checkpoint={run}"), 2,
-         ("{run}: is a directory, not a checkpoint", "pass a .pt file such as {run}/checkpoints/best.pt")),
-    Case("incompatible-model-version", ("nmt-evaluate", "checkpoint={root}/future.pt"), 2,
-         ("{root}/future.pt: written by an incompatible version (model version 99, this is 1)",
-          "or retrain")),
-    Case("unknown-key-evaluate-hydra", ("nmt-evaluate", "checkpoint={ckpt}", "splitt=valid"), 1,
-         ("Could not override 'splitt'", "Key 'splitt' not in 'EvaluateSchema'")),
-    Case("truncated-checkpoint", ("nmt-translate", "{root}/truncated.pt", "hallo"), 2,
-         ("{root}/truncated.pt: truncated or corrupt checkpoint", "use another checkpoint")),
-    Case("not-a-checkpoint", ("nmt-translate", "{root}/notes.pt", "hallo"), 2,
-         ("{root}/notes.pt: not an nmt checkpoint", "pass a checkpoint written by nmt-train")),
-    Case("weights-do-not-fit", ("nmt-translate", "{root}/missing_weight.pt", "hallo"), 2,
-         ("{root}/missing_weight.pt: its weights do not fit the model it describes",
-          "decoder.attention.key_proj.weight", "or retrain")),
+    Case(
+        "checkpoint-is-a-directory",
+        ("nmt-evaluate", "checkpoint={run}"),
+        2,
+        ("{run}: is a directory, not a checkpoint", "pass a .pt file such as {run}/checkpoints/best.pt"),
+    ),
+    Case(
+        "incompatible-model-version",
+        ("nmt-evaluate", "checkpoint={root}/future.pt"),
+        2,
+        ("{root}/future.pt: written by an incompatible version (model version 99, this is 1)", "or retrain"),
+    ),
+    Case(
+        "unknown-key-evaluate-hydra",
+        ("nmt-evaluate", "checkpoint={ckpt}", "splitt=valid"),
+        1,
+        ("Could not override 'splitt'", "Key 'splitt' not in 'EvaluateSchema'"),
+    ),
+    Case(
+        "truncated-checkpoint",
+        ("nmt-translate", "{root}/truncated.pt", "hallo"),
+        2,
+        ("{root}/truncated.pt: truncated or corrupt checkpoint", "use another checkpoint"),
+    ),
+    Case(
+        "not-a-checkpoint",
+        ("nmt-translate", "{root}/notes.pt", "hallo"),
+        2,
+        ("{root}/notes.pt: not an nmt checkpoint", "pass a checkpoint written by nmt-train"),
+    ),
+    Case(
+        "weights-do-not-fit",
+        ("nmt-translate", "{root}/missing_weight.pt", "hallo"),
+        2,
+        (
+            "{root}/missing_weight.pt: its weights do not fit the model it describes",
+            "decoder.attention.key_proj.weight",
+            "or retrain",
+        ),
+    ),
     # nmt-translate: odd text is translated, one line out per line in
     Case("translate-odd-text", ("nmt-translate", "{ckpt}", *SHORT), 0, (), stdin=ODD_STDIN),
-    Case("translate-100k-line-and-undecodable-argument",
-         ("nmt-translate", "{ckpt}", *SHORT, "caf\udce9 au lait", LONG_LINE, "zwei"), 0,
-         ("line 2: ", "over max_src_pieces=250; translating its first 249")),
+    Case(
+        "translate-100k-line-and-undecodable-argument",
+        ("nmt-translate", "{ckpt}", *SHORT, "caf\udce9 au lait", LONG_LINE, "zwei"),
+        0,
+        ("line 2: ", "over max_src_pieces=250; translating its first 249"),
+    ),
 ]
 NEEDS_RUN = ("nmt-evaluate", "nmt-translate")  # the others fail (or succeed) without a checkpoint
 
@@ -271,8 +402,9 @@ def cache_dir(proc: subprocess.CompletedProcess) -> Path:
 
 def prepare_files(train: Path, data_dir: Path, vocab_size: int = 60) -> Path:
     """nmt-prepare data=files data.train=TRAIN tokenizer.vocab_size=N, in this process: its cache folder."""
-    cfg = compose_config(["data=files", f"data.train={train}", f"paths.data_dir={data_dir}",
-                          f"tokenizer.vocab_size={vocab_size}"])
+    cfg = compose_config(
+        ["data=files", f"data.train={train}", f"paths.data_dir={data_dir}", f"tokenizer.vocab_size={vocab_size}"]
+    )
     return load_data(cfg).cache_dir
 
 
@@ -281,17 +413,25 @@ def full_disk_train(ws: Workspace) -> tuple[subprocess.CompletedProcess, Path, b
     run_dir = ws.root / "full" / "run"
     shutil.copytree(ws.trained().run, run_dir)
     before = (run_dir / "checkpoints" / "last.pt").read_bytes()  # 4.4 MB: the next save cannot succeed
-    proc = run(["nmt-train", *TINY, "trainer.max_steps=8", f"hydra.run.dir={run_dir}",
-                f"paths.data_dir={ws.data}"], cwd=run_dir.parent, fsize_kb=1024)
+    proc = run(
+        ["nmt-train", *TINY, "trainer.max_steps=8", f"hydra.run.dir={run_dir}", f"paths.data_dir={ws.data}"],
+        cwd=run_dir.parent,
+        fsize_kb=1024,
+    )
     return proc, run_dir, before
 
 
 EXTRA = {  # more commands for the same pool, checked by the tests below the matrix
-    "debug": lambda ws: run([ws.fmt(a) for a in (*PREPARE, "data.train=[{root}/m.src,{root}/m.tgt]")],
-                            cwd=ws.root, env={**ENV, "HYDRA_FULL_ERROR": "1"}),
-    "full-disk-prepare": lambda ws: run(["nmt-prepare", "experiment=quick", "data.train_size=300",
-                                         f"paths.data_dir={ws.root / 'full' / 'data'}"],
-                                        cwd=ws.root, fsize_kb=100),  # a sentencepiece model is ~240 KB
+    "debug": lambda ws: run(
+        [ws.fmt(a) for a in (*PREPARE, "data.train=[{root}/m.src,{root}/m.tgt]")],
+        cwd=ws.root,
+        env={**ENV, "HYDRA_FULL_ERROR": "1"},
+    ),
+    "full-disk-prepare": lambda ws: run(
+        ["nmt-prepare", "experiment=quick", "data.train_size=300", f"paths.data_dir={ws.root / 'full' / 'data'}"],
+        cwd=ws.root,
+        fsize_kb=100,
+    ),  # a sentencepiece model is ~240 KB
     "full-disk-train": full_disk_train,
 }
 
@@ -358,18 +498,23 @@ def test_code_in_a_checkpoint_never_runs(ws):
     ws.trained()
     with pytest.raises(CheckpointError) as err:  # a zip written by torch.save, like a real checkpoint
         load_checkpoint(ws.root / "evil.pt")
-    assert str(err.value) == (f"{ws.root}/evil.pt: not an nmt checkpoint (it holds objects other than "
-                              "tensors and plain values, which are never loaded); pass a checkpoint written "
-                              "by nmt-train")
+    assert str(err.value) == (
+        f"{ws.root}/evil.pt: not an nmt checkpoint (it holds objects other than "
+        "tensors and plain values, which are never loaded); pass a checkpoint written "
+        "by nmt-train"
+    )
     with pytest.raises(CheckpointError, match="evil.pkl: not an nmt checkpoint"):  # a bare pickle
         load_checkpoint(ws.root / "evil.pkl")
     assert not (ws.root / "pwned").exists()
 
 
-@pytest.mark.parametrize("name, says", [
-    ("empty.pt", "empty.pt: empty file (0 bytes), not a checkpoint; use another checkpoint"),
-    ("incomplete.pt", "incomplete.pt: incomplete checkpoint, it lacks spm_src; pass a checkpoint written by"),
-])
+@pytest.mark.parametrize(
+    "name, says",
+    [
+        ("empty.pt", "empty.pt: empty file (0 bytes), not a checkpoint; use another checkpoint"),
+        ("incomplete.pt", "incomplete.pt: incomplete checkpoint, it lacks spm_src; pass a checkpoint written by"),
+    ],
+)
 def test_more_broken_checkpoints(ws, name, says):
     path = ws.trained().root / name
     with pytest.raises(CheckpointError) as err:
@@ -441,16 +586,29 @@ def translators(ws) -> list[Translator]:
     torch.set_num_threads(1)
     ws.trained()
     short = {"max_len_ratio": 0.3, "max_len_extra": 4}  # the property does not depend on the output length
-    return [Translator.from_checkpoint(ws.ckpt, "cpu", **short),
-            Translator.from_checkpoint(ws.ckpt, "cpu", beam_size=2, nbest=2, **short)]
+    return [
+        Translator.from_checkpoint(ws.ckpt, "cpu", **short),
+        Translator.from_checkpoint(ws.ckpt, "cpu", beam_size=2, nbest=2, **short),
+    ]
 
 
-ODD_TEXT = st.sampled_from([
-    "\u202eevil\u202c", "\u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd", "\u0645\u0631\u062d\u0628\u0627",
-    "e\u0301\u0302\u0303" * 20, "\U0001f600\U0001f44d\U0001f3fd\U0001f468\u200d\U0001f469\u200d\U0001f467",
-    "\x00\x01\x07\x1b[31m", "\ufeffbom", "a\u200bb\u200dc", "\U0010ffff\ue000", "x" * 3000,
-    "ab" * 400 + " " + "cd" * 400, "\u3000\u00a0\u2028\u2029\x85", "\t\r\n\x0b\x0c",
-])
+ODD_TEXT = st.sampled_from(
+    [
+        "\u202eevil\u202c",
+        "\u05e9\u05dc\u05d5\u05dd \u05e2\u05d5\u05dc\u05dd",
+        "\u0645\u0631\u062d\u0628\u0627",
+        "e\u0301\u0302\u0303" * 20,
+        "\U0001f600\U0001f44d\U0001f3fd\U0001f468\u200d\U0001f469\u200d\U0001f467",
+        "\x00\x01\x07\x1b[31m",
+        "\ufeffbom",
+        "a\u200bb\u200dc",
+        "\U0010ffff\ue000",
+        "x" * 3000,
+        "ab" * 400 + " " + "cd" * 400,
+        "\u3000\u00a0\u2028\u2029\x85",
+        "\t\r\n\x0b\x0c",
+    ]
+)
 # Any Unicode scalar value (surrogates are not text), odd text, and mixtures of both.
 ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
 MIXED = st.lists(st.one_of(ANY_TEXT, ODD_TEXT), max_size=4).map(" ".join)
@@ -467,5 +625,3 @@ def test_translate_never_raises_and_answers_every_line(translators, texts):
             assert 1 <= len(hyps) <= translator.decoding.nbest and all(isinstance(h.text, str) for h in hyps)
             if not text.strip():
                 assert [h.text for h in hyps] == [""]
-
-

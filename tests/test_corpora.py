@@ -350,9 +350,7 @@ def fake_urlopen(serve):
 
 @needs_multi30k
 def test_multi30k_download_checks_and_renames(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        multi30k.urllib.request, "urlopen", fake_urlopen(lambda f: (MULTI30K / f).read_bytes())
-    )
+    monkeypatch.setattr(multi30k.urllib.request, "urlopen", fake_urlopen(lambda f: (MULTI30K / f).read_bytes()))
     corpus = load_multi30k(None, "fr", "en", download_dir=str(tmp_path / "m30k"))
     assert len(corpus.splits["train"]) == 29_000
     assert sorted(p.name for p in (tmp_path / "m30k").iterdir()) == sorted(
@@ -479,8 +477,9 @@ def test_bible_windows_keep_the_single_verse_splits_and_add_one_set_per_k(bible,
         assert bible_windows.splits[name] == bible.splits[name]
         assert len(bible_windows.chapters[name]) == len(bible.splits[name])
     assert bible_windows.window == 3 and bible.window == 1 and "test_k1" not in bible.splits
-    assert set(bible_windows.splits) == {"train", "valid", "test"} | {f"{s}_k{k}" for s in ("valid", "test")
-                                                                         for k in (1, 2, 3)}
+    assert set(bible_windows.splits) == {"train", "valid", "test"} | {
+        f"{s}_k{k}" for s in ("valid", "test") for k in (1, 2, 3)
+    }
 
 
 def test_bible_window_sets_hold_the_same_words_with_longer_inputs(bible_windows):
@@ -504,7 +503,11 @@ def test_bible_window_sets_hold_the_same_words_with_longer_inputs(bible_windows)
 def test_verse_windows_stay_inside_a_chapter():
     pairs = [(f"s{i}", f"t{i}") for i in range(7)]
     assert corpora.verse_windows(pairs, [1, 1, 1, 2, 2, 2, 2], 2) == [
-        ("s0 s1", "t0 t1"), ("s2", "t2"), ("s3 s4", "t3 t4"), ("s5 s6", "t5 t6")]
+        ("s0 s1", "t0 t1"),
+        ("s2", "t2"),
+        ("s3 s4", "t3 t4"),
+        ("s5 s6", "t5 t6"),
+    ]
 
 
 def test_bible_window_must_be_positive():

@@ -97,8 +97,9 @@ def test_sampler_groups_similar_lengths(bucketing):
 @pytest.mark.parametrize("world", [2, 3])
 def test_sampler_shards_are_disjoint_and_complete(world, bucketing):
     src, tgt = _lengths(1000)
-    shards = [TokenBatchSampler(src, tgt, 600, seed=5, rank=r, world_size=world, bucketing=bucketing)
-              for r in range(world)]
+    shards = [
+        TokenBatchSampler(src, tgt, 600, seed=5, rank=r, world_size=world, bucketing=bucketing) for r in range(world)
+    ]
     per_rank = [s.batches(2) for s in shards]
     assert len({len(p) for p in per_rank}) == 1  # every rank takes the same number of steps
     seen = [i for p in per_rank for b in p for i in b]
@@ -176,8 +177,17 @@ def test_length_filter_applies_to_train_only(tmp_path):
 @pytest.fixture(scope="module")
 def windowed(tmp_path_factory, dress_as_chapters):
     """A synthetic corpus dressed as chapters of 1-9 verses, with windows of up to 3 verses."""
-    corpus = load_synthetic(seed=4, train_size=400, valid_size=20, test_size=20, min_len=2, max_len=6,
-                            test_min_len=2, test_max_len=6, vocab_words=30)
+    corpus = load_synthetic(
+        seed=4,
+        train_size=400,
+        valid_size=20,
+        test_size=20,
+        min_len=2,
+        max_len=6,
+        test_min_len=2,
+        test_max_len=6,
+        vocab_words=30,
+    )
     corpus = dress_as_chapters(corpus, window=3, seed=0, shortest=1, longest=9)
     return prepare(corpus, TokenizerSettings(vocab_size=70), 100, tmp_path_factory.mktemp("windows"), progress=False)
 
@@ -194,9 +204,9 @@ def test_windows_cover_every_verse_once_per_epoch_within_chapters(windowed):
         # a window's pieces are those of its verses' text joined with a space, with one EOS at the end
         start = 0
         for i in range(len(split)):
-            n = next(n for n in range(1, 4) if " ".join(s for s, _ in texts[start:start + n]) == joined[i])
-            assert len(set(chapters[start:start + n])) == 1  # one chapter
-            text = [" ".join(s for s, _ in texts[start:start + n]), " ".join(t for _, t in texts[start:start + n])]
+            n = next(n for n in range(1, 4) if " ".join(s for s, _ in texts[start : start + n]) == joined[i])
+            assert len(set(chapters[start : start + n])) == 1  # one chapter
+            text = [" ".join(s for s, _ in texts[start : start + n]), " ".join(t for _, t in texts[start : start + n])]
             assert split.source(i).tolist() == windowed.tokenizer.encode_src([text[0]])[0]
             assert split.target(i).tolist() == windowed.tokenizer.encode_tgt([text[1]])[0]
             start += n

@@ -33,8 +33,9 @@ def small_model(attention: str = "luong", vocab: int = V, seed: int = 0) -> Seq2
     """A tiny random model; the EOS bias makes some sentences end early and others run to the limit."""
     torch.manual_seed(seed)
     query = "previous" if attention == "bahdanau" else "current"
-    config = ModelConfig(embed_size=16, encoder_hidden_size=16, hidden_size=32, dropout=0.0,
-                         attention=attention, attention_query=query)
+    config = ModelConfig(
+        embed_size=16, encoder_hidden_size=16, hidden_size=32, dropout=0.0, attention=attention, attention_query=query
+    )
     model = Seq2Seq(config, vocab, vocab).eval()
     with torch.no_grad():
         model.decoder.output.bias[EOS_ID] += 1.5
@@ -184,8 +185,10 @@ class EchoTranslator:
         return out
 
 
-PAIRS = [(" ".join(f"s{i}w{j}" for j in range(n)), " ".join(f"t{i}w{j}" for j in range(n)))
-         for i, n in enumerate([3, 5, 8, 12, 15, 25, 33, 4, 60])]
+PAIRS = [
+    (" ".join(f"s{i}w{j}" for j in range(n)), " ".join(f"t{i}w{j}" for j in range(n)))
+    for i, n in enumerate([3, 5, 8, 12, 15, 25, 33, 4, 60])
+]
 
 
 def test_references_score_100_and_every_file_is_written(tmp_path):
@@ -223,14 +226,20 @@ def assert_png(path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------- the commands
 def run(*cmd: str, stdin: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / cmd[0]), *cmd[1:]], input=stdin, capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return subprocess.run(
+        [str(BIN / cmd[0]), *cmd[1:]], input=stdin, capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def test_nmt_evaluate_end_to_end(quick_run, tmp_path):
     out = tmp_path / "eval"
-    proc = run("nmt-evaluate", f"checkpoint={quick_run / 'checkpoints' / 'best.pt'}", f"output={out}",
-               "heatmaps=2", cwd=tmp_path)
+    proc = run(
+        "nmt-evaluate",
+        f"checkpoint={quick_run / 'checkpoints' / 'best.pt'}",
+        f"output={out}",
+        "heatmaps=2",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"^BLEU +\d+\.\d\d +nrefs:1\|case:mixed\|eff:no\|tok:13a", proc.stdout, re.M)
     assert re.search(r"^chrF +\d+\.\d\d +nrefs:1", proc.stdout, re.M)

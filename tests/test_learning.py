@@ -44,8 +44,17 @@ OTHERS = [name for name in ATTENTIONS if name not in ("luong", "none")]
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory) -> PreparedData:
-    corpus = load_synthetic(seed=1, train_size=3000, valid_size=200, test_size=200, min_len=3, max_len=10,
-                            test_min_len=12, test_max_len=16, vocab_words=40)
+    corpus = load_synthetic(
+        seed=1,
+        train_size=3000,
+        valid_size=200,
+        test_size=200,
+        min_len=3,
+        max_len=10,
+        test_min_len=12,
+        test_max_len=16,
+        vocab_words=40,
+    )
     return prepare(corpus, TokenizerSettings(vocab_size=100), 100, tmp_path_factory.mktemp("synthetic"))
 
 
@@ -60,9 +69,19 @@ def train(data: PreparedData, name: str, steps: int, run_dir: Path) -> Seq2Seq:
     torch.manual_seed(0)
     random.seed(0)
     model = Seq2Seq(model_config(name), data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
-    config = TrainerConfig(progress=False, max_steps=steps, max_epochs=None, valid_every=steps,
-                           valid_max_sentences=20, batch_tokens=BATCH_TOKENS, label_smoothing=0.0, heatmaps=0,
-                           patience=0, log_every=100, amp="off")  # fp32: bf16 rounding differs by CPU
+    config = TrainerConfig(
+        progress=False,
+        max_steps=steps,
+        max_epochs=None,
+        valid_every=steps,
+        valid_max_sentences=20,
+        batch_tokens=BATCH_TOKENS,
+        label_smoothing=0.0,
+        heatmaps=0,
+        patience=0,
+        log_every=100,
+        amp="off",
+    )  # fp32: bf16 rounding differs by CPU
     summary = Trainer(model, data, config, OptimConfig(lr=0.003), run_dir, device="cpu", seed=1).train()
     assert summary["step"] == steps and summary["stopped_by"] == "max_steps"
     return model.eval()
@@ -83,22 +102,22 @@ def translate(model: Seq2Seq, data: PreparedData, split: str) -> dict:
 def measure(data: PreparedData, name: str, steps: int, run_dir: Path) -> dict:
     model = train(data, name, steps, run_dir)
     scores = {split: translate(model, data, split) for split in ("valid", "test")}
-    print(f"\n{name} ({steps} steps): valid (3-10 words) BLEU {scores['valid']['bleu']} exact "
-          f"{scores['valid']['exact']:.3f}; test (12-16 words) BLEU {scores['test']['bleu']} "
-          f"exact {scores['test']['exact']:.3f}")
+    print(
+        f"\n{name} ({steps} steps): valid (3-10 words) BLEU {scores['valid']['bleu']} exact "
+        f"{scores['valid']['exact']:.3f}; test (12-16 words) BLEU {scores['test']['bleu']} "
+        f"exact {scores['test']['exact']:.3f}"
+    )
     return scores
 
 
 @pytest.fixture(scope="module")
 def luong_and_none(synthetic, tmp_path_factory) -> dict:
     """Luong (general) and the fixed-vector baseline, trained with the same data, model and budget."""
-    return {name: measure(synthetic, name, STEPS, tmp_path_factory.mktemp(name))
-            for name in ("luong", "none")}
+    return {name: measure(synthetic, name, STEPS, tmp_path_factory.mktemp(name)) for name in ("luong", "none")}
 
 
 def test_synthetic_splits_have_the_intended_lengths(synthetic):
-    words = {split: [len(s.split()) for s, _ in synthetic.pairs(split)]
-             for split in ("train", "valid", "test")}
+    words = {split: [len(s.split()) for s, _ in synthetic.pairs(split)] for split in ("train", "valid", "test")}
     assert 3 <= min(words["train"]) and max(words["train"]) <= 10
     assert 3 <= min(words["valid"]) and max(words["valid"]) <= 10
     assert min(words["test"]) >= 12 and max(words["test"]) <= 16
@@ -118,8 +137,9 @@ def test_none_is_clearly_worse_than_luong_on_long_sentences(luong_and_none):
     assert none["bleu"] < 25, none
     assert luong["bleu"] - none["bleu"] >= 30, (luong, none)
     # the fixed vector loses more of what it learnt when sentences get longer
-    drop = {name: luong_and_none[name]["test"]["bleu"] / luong_and_none[name]["valid"]["bleu"]
-            for name in ("luong", "none")}
+    drop = {
+        name: luong_and_none[name]["test"]["bleu"] / luong_and_none[name]["valid"]["bleu"] for name in ("luong", "none")
+    }
     assert drop["none"] < drop["luong"] - 0.3, drop
 
 

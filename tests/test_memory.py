@@ -28,8 +28,9 @@ print(json.dumps({"applied": _applied, "env": {k: os.environ.get(k) for k in key
 
 def probe(**env: str) -> dict:
     base = {k: v for k, v in os.environ.items() if k not in (*ENV_DEFAULTS, "NMT_TUNE_ALLOCATOR")}
-    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120,
-                          env={**base, **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env={**base, **env}
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

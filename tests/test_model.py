@@ -73,8 +73,15 @@ def hidden_for(options: dict) -> int:
 def make_config(name: str, query: str = "current", options: dict | None = None, **overrides) -> ModelConfig:
     """A tiny ModelConfig for attention `name` (dropout off, so train and eval agree)."""
     options = dict(options or {})
-    values = dict(embed_size=EMBED, encoder_hidden_size=ENC_HIDDEN, hidden_size=hidden_for(options),
-                  dropout=0.0, attention=name, attention_query=query, attention_options=options)
+    values = dict(
+        embed_size=EMBED,
+        encoder_hidden_size=ENC_HIDDEN,
+        hidden_size=hidden_for(options),
+        dropout=0.0,
+        attention=name,
+        attention_query=query,
+        attention_options=options,
+    )
     values.update(overrides)
     return ModelConfig(**values)
 
@@ -562,8 +569,7 @@ def test_token_loss_ignores_padding():
     changed = logits.clone()
     changed[target == PAD_ID] = 50 * torch.randn(int((target == PAD_ID).sum()), V)
     for smoothing in (0.0, 0.1):
-        torch.testing.assert_close(token_loss(changed, target, smoothing)[0],
-                                   token_loss(logits, target, smoothing)[0])
+        torch.testing.assert_close(token_loss(changed, target, smoothing)[0], token_loss(logits, target, smoothing)[0])
     # the sum of -log p(target) over the real tokens only
     logp = torch.log_softmax(logits, -1)
     real = target != PAD_ID
@@ -659,9 +665,14 @@ def test_every_default_is_written_once(path):
 def test_the_schema_rejects_a_bad_key_type_or_choice_while_composing():
     from hydra.errors import ConfigCompositionException
 
-    for override, says in [("trainer.patince=3", "patince"), ("trainer.patience=abc", "trainer.patience"),
-                           ("optim.schedule=cosine", "optim.schedule"), ("model.bridge=tanh", "model.bridge"),
-                           ("attention.query=next", "attention.query"), ("data.window=two", "data.window")]:
+    for override, says in [
+        ("trainer.patince=3", "patince"),
+        ("trainer.patience=abc", "trainer.patience"),
+        ("optim.schedule=cosine", "optim.schedule"),
+        ("model.bridge=tanh", "model.bridge"),
+        ("attention.query=next", "attention.query"),
+        ("data.window=two", "data.window"),
+    ]:
         with pytest.raises(ConfigCompositionException) as err:
             compose_config([override])
         assert says in str(err.value) + str(err.value.__cause__), override
@@ -748,12 +759,19 @@ def bible(bible_data_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ATTENTION_FILES)
 def test_real_config_real_batches(attention, bible, bible_data_dir):
-    overrides = [f"attention={attention}", f"paths.data_dir={bible_data_dir}", "tokenizer.vocab_size=2000",
-                 "model.embed_size=32", "model.encoder_hidden_size=32", "model.hidden_size=64"]
+    overrides = [
+        f"attention={attention}",
+        f"paths.data_dir={bible_data_dir}",
+        "tokenizer.vocab_size=2000",
+        "model.embed_size=32",
+        "model.encoder_hidden_size=32",
+        "model.hidden_size=64",
+    ]
     cfg = compose_train(overrides)
     data = bible
-    model = Seq2Seq(build_model_config(cfg.model, cfg.attention), data.tokenizer.src_vocab_size,
-                    data.tokenizer.tgt_vocab_size)
+    model = Seq2Seq(
+        build_model_config(cfg.model, cfg.attention), data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size
+    )
     assert model.attention.__class__ is ATTENTIONS[attention]
     train = data.encoded["train"]
     g = torch.Generator().manual_seed(1)
@@ -790,8 +808,9 @@ def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, monkeypat
     loss.backward()
     ours = logits.grad.clone()
     logits.grad = None
-    expected = nn.functional.cross_entropy(logits.float(), target, ignore_index=PAD_ID, reduction="sum",
-                                           label_smoothing=eps)
+    expected = nn.functional.cross_entropy(
+        logits.float(), target, ignore_index=PAD_ID, reduction="sum", label_smoothing=eps
+    )
     expected.backward()
     assert n == int((target != PAD_ID).sum())
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-4)

@@ -19,25 +19,37 @@ ROOT = Path(__file__).resolve().parents[1]
 def installed(tmp_path_factory) -> Path:
     """A fresh virtual environment with the project's wheel installed; returns its bin/ folder."""
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(tmp / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next((tmp / "dist").glob("nmt-*.whl"))
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     where = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True,
-                             text=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True, text=True
+    ).stdout.strip()
     (Path(purelib) / "borrowed_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return venv / "bin"
 
 
 def test_the_wheel_carries_the_configs_and_the_page_files(installed):
-    probe = ("import nmt, nmt.cli.common as c, pathlib; print(nmt.__file__); print(c.CONFIG_DIR); "
-             "print((pathlib.Path(nmt.__file__).parent / 'static' / 'serve.js').is_file())")
-    out = subprocess.run([str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True,
-                         cwd=installed.parent).stdout.split()
+    probe = (
+        "import nmt, nmt.cli.common as c, pathlib; print(nmt.__file__); print(c.CONFIG_DIR); "
+        "print((pathlib.Path(nmt.__file__).parent / 'static' / 'serve.js').is_file())"
+    )
+    out = subprocess.run(
+        [str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True, cwd=installed.parent
+    ).stdout.split()
     venv = str(installed.parent)
     assert out[0].startswith(venv) and out[1].startswith(venv), out  # the wheel's copy, not this checkout
     assert (Path(out[1]) / "train.yaml").is_file() and (Path(out[1]) / "experiment" / "quick.yaml").is_file()
@@ -46,12 +58,23 @@ def test_the_wheel_carries_the_configs_and_the_page_files(installed):
 
 @pytest.mark.slow
 def test_the_installed_commands_answer_help_and_train(installed, tmp_path):
-    help_text = subprocess.run([str(installed / "nmt-train"), "--help"], check=True, capture_output=True,
-                               text=True, cwd=tmp_path, timeout=120).stdout
+    help_text = subprocess.run(
+        [str(installed / "nmt-train"), "--help"], check=True, capture_output=True, text=True, cwd=tmp_path, timeout=120
+    ).stdout
     assert "experiment=quick" in help_text
-    cmd = [str(installed / "nmt-train"), "experiment=quick", "trainer.max_steps=5", "trainer.valid_every=5",
-           "trainer.progress=false", "trainer.threads=1", "data.train_size=200", "data.valid_size=10",
-           "data.test_size=10", f"hydra.run.dir={tmp_path / 'run'}", f"paths.data_dir={tmp_path / 'data'}"]
+    cmd = [
+        str(installed / "nmt-train"),
+        "experiment=quick",
+        "trainer.max_steps=5",
+        "trainer.valid_every=5",
+        "trainer.progress=false",
+        "trainer.threads=1",
+        "data.train_size=200",
+        "data.valid_size=10",
+        "data.test_size=10",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"paths.data_dir={tmp_path / 'data'}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "run" / "checkpoints" / "best.pt").is_file()

@@ -39,8 +39,15 @@ from nmt.serve_examples import Examples, find_examples
 BIN = Path(sys.executable).parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("NMT_DEBUG", "HYDRA_FULL_ERROR")}
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",  # --headless: Playwright's
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",  # --headless: Playwright's
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 LIMITS = Limits(max_chars=300, max_pieces=30, max_body=8192, timeout=30.0)
 SENTENCE = "bimi raka laba nude mema"  # words of the synthetic task (data.seed=1, vocab_words=30)
 
@@ -48,9 +55,19 @@ SENTENCE = "bimi raka laba nude mema"  # words of the synthetic task (data.seed=
 def train(root: Path, attention: str) -> Path:
     """A few steps of the quick preset: enough for a checkpoint that translates (badly) and attends."""
     run = root / attention
-    cmd = [str(BIN / "nmt-train"), "experiment=quick", f"attention={attention}", f"hydra.run.dir={run}",
-           f"paths.data_dir={root / 'data'}", "data.train_size=1500", "trainer.max_steps=60",
-           "trainer.valid_every=60", "trainer.heatmaps=0", "trainer.threads=1", "trainer.progress=false"]
+    cmd = [
+        str(BIN / "nmt-train"),
+        "experiment=quick",
+        f"attention={attention}",
+        f"hydra.run.dir={run}",
+        f"paths.data_dir={root / 'data'}",
+        "data.train_size=1500",
+        "trainer.max_steps=60",
+        "trainer.valid_every=60",
+        "trainer.heatmaps=0",
+        "trainer.threads=1",
+        "trainer.progress=false",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root, env=ENV)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return run / "checkpoints" / "best.pt"
@@ -82,8 +99,13 @@ def post(client, body: bytes | str) -> httpx.Response:
 @pytest.fixture(scope="module")
 def server(ckpts):
     """A real `nmt-serve` process on a free port of 127.0.0.1; yields its base URL."""
-    proc = subprocess.Popen([str(BIN / "nmt-serve"), *map(str, ckpts), "--port", "0", "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    proc = subprocess.Popen(
+        [str(BIN / "nmt-serve"), *map(str, ckpts), "--port", "0", "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+    )
     url, seen = None, []
     deadline = time.monotonic() + 60
     while url is None and time.monotonic() < deadline:
@@ -130,8 +152,10 @@ def test_the_library_gives_the_same_reply_as_the_api(client, loaded):
 def test_greedy_is_the_default_and_models_are_described(client):
     assert post(client, json.dumps({"text": SENTENCE})).json()["beam"] == 1
     info = client.get("/api/models").json()
-    assert [m["label"] for m in info["models"]] == ["luong (general, current query, input feeding)",
-                                                    "none (fixed sentence vector, into every step, input feeding)"]
+    assert [m["label"] for m in info["models"]] == [
+        "luong (general, current query, input feeding)",
+        "none (fixed sentence vector, into every step, input feeding)",
+    ]
     assert info["models"][0]["settings"]["attention_options"] == {"score": "general"}
     assert info["limits"]["max_pieces"] == LIMITS.max_pieces
     assert info["examples"]["source"].startswith("the test split of corpus synthetic (data cache")
@@ -252,8 +276,9 @@ def test_examples_fall_back_from_the_cache_to_a_regenerated_corpus_to_a_built_in
     assert "data cache" in cached.source and len(cached.sentences) == 4
     assert len(set(cached.sentences)) == 4 and all(len(s.split()) <= 25 for s in cached.sentences)
     payload["config"]["paths"]["data_dir"] = "/nonexistent"
-    assert find_examples(payload, ckpts[0]) == Examples(cached.sentences, "the test split of the synthetic task "
-                                                         "(regenerated from the checkpoint's config)")
+    assert find_examples(payload, ckpts[0]) == Examples(
+        cached.sentences, "the test split of the synthetic task (regenerated from the checkpoint's config)"
+    )
     payload["config"]["data"] = {"name": "bible", "source_translation": "e", "target_translation": "k"}
     built_in = find_examples(payload, ckpts[0])
     assert built_in.sentences[0].startswith("Im Anfang") and built_in.source.startswith("built-in German")
@@ -310,16 +335,23 @@ def test_start_up_errors_are_one_line(ckpts, tmp_path):
     assert helped.returncode == 0 and "POST /translate" in helped.stdout and "--max-pieces" in helped.stdout
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
-                    "(apt-get install -y chromium; .ci/run installs it)")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium; .ci/run installs it)",
+)
 def test_the_page_in_a_real_browser(server, tmp_path):
     from playwright.sync_api import sync_playwright
 
     api = httpx.post(server + "translate", json={"text": SENTENCE, "beam": 1}, timeout=60).json()["results"][0]
     outside, errors = [], []
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
-        browser = pw.chromium.launch_persistent_context(profile, executable_path=str(CHROMIUM), headless=True,
-                                                        args=CHROMIUM_FLAGS, viewport={"width": 1300, "height": 900})
+        browser = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1300, "height": 900},
+        )
         try:
             page = browser.new_page()
             page.on("request", lambda req: req.url.startswith(server) or outside.append(req.url))

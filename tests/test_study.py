@@ -36,9 +36,19 @@ from nmt.study_runs import Run, config_notes, decoder_label, find_runs, group_ru
 
 BIN = Path(sys.executable).parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TINY = ["trainer.max_steps=20", "trainer.valid_every=10", "data.train_size=300", "data.valid_size=40",
-        "data.test_size=60", "model.embed_size=16", "model.encoder_hidden_size=16", "model.hidden_size=32",
-        "trainer.progress=false", "trainer.heatmaps=0", "trainer.threads=1"]
+TINY = [
+    "trainer.max_steps=20",
+    "trainer.valid_every=10",
+    "data.train_size=300",
+    "data.valid_size=40",
+    "data.test_size=60",
+    "model.embed_size=16",
+    "model.encoder_hidden_size=16",
+    "model.hidden_size=32",
+    "trainer.progress=false",
+    "trainer.heatmaps=0",
+    "trainer.threads=1",
+]
 FIGURES = ("bleu_by_length.png", "learning_curves.png", "attention_long_sentence.png")
 NONE, LUONG = "none (Luong order: context after each step)", "luong (Luong order)"  # fake_run's labels
 
@@ -48,9 +58,18 @@ NONE, LUONG = "none (Luong order: context after each step)", "luong (Luong order
 def sweep(tmp_path_factory) -> Path:
     """`experiment=bottleneck_synthetic` shrunk to seconds, swept over attention=none,luong x seed=1,2."""
     root = tmp_path_factory.mktemp("study")
-    cmd = [sys.executable, "-m", "nmt.cli.train", "-m", "experiment=bottleneck_synthetic",
-           "attention=none,luong", "seed=1,2", *TINY, f"paths.data_dir={root / 'data'}",
-           f"hydra.sweep.dir={root / 'sweep'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "nmt.cli.train",
+        "-m",
+        "experiment=bottleneck_synthetic",
+        "attention=none,luong",
+        "seed=1,2",
+        *TINY,
+        f"paths.data_dir={root / 'data'}",
+        f"hydra.sweep.dir={root / 'sweep'}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return root / "sweep"
@@ -58,16 +77,34 @@ def sweep(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def study(sweep) -> tuple[subprocess.CompletedProcess, dict]:
-    cmd = [str(BIN / "nmt-study"), str(sweep), "--min-bucket", "10", "--bootstrap", "200", "--heatmaps", "1",
-           "--threads", "1", "--device", "cpu"]
+    cmd = [
+        str(BIN / "nmt-study"),
+        str(sweep),
+        "--min-bucket",
+        "10",
+        "--bootstrap",
+        "200",
+        "--heatmaps",
+        "1",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc, json.loads((sweep / "study.json").read_text())
 
 
 def fake_run(name: str, attention: str, seed: int, query: str = "current", **trainer) -> Run:
-    config = {"seed": seed, "device": "cpu", "paths": {"data_dir": name}, "data": {"name": "synthetic"},
-              "attention": {"name": attention, "query": query}, "trainer": {"max_steps": 100, **trainer}}
+    config = {
+        "seed": seed,
+        "device": "cpu",
+        "paths": {"data_dir": name},
+        "data": {"name": "synthetic"},
+        "attention": {"name": attention, "query": query},
+        "trainer": {"max_steps": 100, **trainer},
+    }
     return Run(Path(name), config, [], 100, 1, 1.0, True)
 
 
@@ -135,32 +172,40 @@ def test_splits_that_chose_best_pt_are_refused():
 
 
 # ------------------------------------------------------------------------------------ config differences
-@pytest.mark.parametrize("attention, query, feeding, label", [
-    ({"name": "none"}, "previous", False, "none (RNNencdec: context into every step)"),
-    ({"name": "none"}, "current", True, "none (Luong order: context after each step, input feeding)"),
-    ({"name": "bahdanau"}, "previous", False, "bahdanau (RNNsearch order)"),
-    ({"name": "bahdanau"}, "current", True, "bahdanau (Luong order, input feeding)"),
-    ({"name": "luong", "score": "general"}, "current", True, "luong general (Luong order, input feeding)"),
-    ({"name": "luong", "score": "dot"}, "previous", True, "luong dot (RNNsearch order, input feeding)"),
-])
+@pytest.mark.parametrize(
+    "attention, query, feeding, label",
+    [
+        ({"name": "none"}, "previous", False, "none (RNNencdec: context into every step)"),
+        ({"name": "none"}, "current", True, "none (Luong order: context after each step, input feeding)"),
+        ({"name": "bahdanau"}, "previous", False, "bahdanau (RNNsearch order)"),
+        ({"name": "bahdanau"}, "current", True, "bahdanau (Luong order, input feeding)"),
+        ({"name": "luong", "score": "general"}, "current", True, "luong general (Luong order, input feeding)"),
+        ({"name": "luong", "score": "dot"}, "previous", True, "luong dot (RNNsearch order, input feeding)"),
+    ],
+)
 def test_decoder_label_names_the_decoder_from_the_stored_config(attention, query, feeding, label):
     config = {"attention": {**attention, "query": query}, "model": {"input_feeding": feeding}}
     assert decoder_label(config) == label
 
 
 def test_runs_differing_only_by_seed_are_one_group():
-    runs = [fake_run("a", "none", 1), fake_run("b", "none", 2, threads=1), fake_run("c", "luong", 1),
-            fake_run("d", "luong", 2)]
+    runs = [
+        fake_run("a", "none", 1),
+        fake_run("b", "none", 2, threads=1),
+        fake_run("c", "luong", 1),
+        fake_run("d", "luong", 2),
+    ]
     groups = group_runs(runs)
     assert [(label, [r.path.name for r in members]) for label, members in groups] == [
-        (NONE, ["a", "b"]), (LUONG, ["c", "d"])]  # trainer.threads and paths.* do not matter
+        (NONE, ["a", "b"]),
+        (LUONG, ["c", "d"]),
+    ]  # trainer.threads and paths.* do not matter
     diff, notes = config_notes(groups)
     assert diff == {} and notes == ["The runs differ only in the attention and the seed."]
 
 
 def test_runs_trained_differently_are_flagged_with_the_keys():
-    runs = [fake_run("a", "none", 1, max_steps=50), fake_run("b", "luong", 7),
-            fake_run("c", "luong", 7, lr=1)]
+    runs = [fake_run("a", "none", 1, max_steps=50), fake_run("b", "luong", 7), fake_run("c", "luong", 7, lr=1)]
     groups = group_runs(runs)
     assert [label for label, _ in groups] == [NONE, f"{LUONG} (trainer.lr=None)", f"{LUONG} (trainer.lr=1)"]
     diff, notes = config_notes(groups)
@@ -242,9 +287,13 @@ def test_study_of_run_directories_with_given_edges(sweep, study, tmp_path, one_t
     runs = _copy_runs(sweep, tmp_path, ["0_none_seed1", "2_luong_seed1"])
     with pytest.raises(ConfigError, match="valid chose each run's best.pt"):
         run_study(runs, _load_corpus, tmp_path / "out", StudySettings(splits=["valid", "test"]), progress=False)
-    summary = run_study(runs, _load_corpus, tmp_path / "out",
-                        StudySettings(splits=["test"], edges=[0, 10, 20], bootstrap=0, heatmaps=0),
-                        progress=False)
+    summary = run_study(
+        runs,
+        _load_corpus,
+        tmp_path / "out",
+        StudySettings(splits=["test"], edges=[0, 10, 20], bootstrap=0, heatmaps=0),
+        progress=False,
+    )
     assert summary["split"] == "test" and summary["sentences"] == 60 and summary["windows"] is None
     assert [r["n"] for r in summary["groups"][0]["by_length"]] == summary["buckets"]["counts"]
     assert sum(summary["buckets"]["counts"]) == 60 and summary["buckets"]["given"]
@@ -308,16 +357,19 @@ def test_verse_windows_are_detected_and_reported_per_k(sweep, study, tmp_path, o
     assert json.loads((out / "study.json").read_text())["windows"] == windows
 
 
-@pytest.mark.parametrize("args, message", [
-    (["{empty}"], "no runs"),
-    (["{empty}/missing"], "no such directory"),
-    (["{sweep}", "--buckets", "0,x"], "--buckets"),
-    (["{sweep}", "--buckets", "10,5"], "strictly increasing"),
-    (["{sweep}", "--split", "nosuch"], "not a split"),
-    (["{sweep}", "--split", "valid"], "valid chose each run's best.pt"),
-    (["{sweep}", "--split", "valid+test"], "use --split test"),
-    (["{sweep}", "--split", "valid_k2"], "valid_k2 holds valid's verses, and valid chose each run's best.pt"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{empty}"], "no runs"),
+        (["{empty}/missing"], "no such directory"),
+        (["{sweep}", "--buckets", "0,x"], "--buckets"),
+        (["{sweep}", "--buckets", "10,5"], "strictly increasing"),
+        (["{sweep}", "--split", "nosuch"], "not a split"),
+        (["{sweep}", "--split", "valid"], "valid chose each run's best.pt"),
+        (["{sweep}", "--split", "valid+test"], "use --split test"),
+        (["{sweep}", "--split", "valid_k2"], "valid_k2 holds valid's verses, and valid chose each run's best.pt"),
+    ],
+)
 def test_user_errors_are_one_line(args, message, sweep, tmp_path, capsys):
     from nmt.cli.study import main
 

@@ -53,7 +53,8 @@ def test_bleu_from_our_statistics_equals_sacrebleu_on_real_text(text):
     stats = bleu_statistics(hyps, text)
     assert stats.shape == (len(text), 10) and stats.dtype == np.int64
     assert float(bleu_from_statistics(stats.sum(0))) == pytest.approx(
-        sacrebleu.corpus_bleu(hyps, [text]).score, abs=1e-6)
+        sacrebleu.corpus_bleu(hyps, [text]).score, abs=1e-6
+    )
     rng = random.Random(2)
     for size in (1, 2, 5, 30):  # subsets: single sentences (zero matches, short ones) up to a small corpus
         for _ in range(15):
@@ -105,8 +106,10 @@ def test_paired_test_a_system_against_itself_is_not_significant(text):
 def test_paired_test_finds_a_clearly_better_system(text):
     good, bad = _system(text, 0.95, 7), _system(text, 0.5, 8)
     assert paired_p(good, bad, text, 500) < 0.05
-    outs = [(Output.of(good, text, text), Output.of(bad, text, text)),
-            (Output.of(good, text, text), Output.of(good, text, text))]
+    outs = [
+        (Output.of(good, text, text), Output.of(bad, text, text)),
+        (Output.of(good, text, text), Output.of(good, text, text)),
+    ]
     cell = paired_cell(outs, range(len(text)), 300)  # two seed pairs: one clearly better, one the same
     assert cell["delta"] > 0 and len(cell["p"]) == 2 and cell["p"][0] < 0.05 and cell["p"][1] == 1.0
     assert cell["p_max"] == 1.0 and paired_cell(outs, [], 300) is None
@@ -118,18 +121,21 @@ def _run(attention: str, seed: int) -> Run:
 
 def test_seed_pairs_match_seeds_and_fall_back_to_seed_order():
     system, base = [_run("luong", s) for s in (3, 1, 2)], [_run("none", s) for s in (1, 2)]
-    assert [(a.path.name, b.path.name) for a, b in pair_seeds(system, base)] == [("luong1", "none1"),
-                                                                                 ("luong2", "none2")]
+    assert [(a.path.name, b.path.name) for a, b in pair_seeds(system, base)] == [
+        ("luong1", "none1"),
+        ("luong2", "none2"),
+    ]
     other = [_run("none", s) for s in (8, 7)]
-    assert [(a.path.name, b.path.name) for a, b in pair_seeds(system, other)] == [("luong1", "none7"),
-                                                                                  ("luong2", "none8")]
+    assert [(a.path.name, b.path.name) for a, b in pair_seeds(system, other)] == [
+        ("luong1", "none7"),
+        ("luong2", "none8"),
+    ]
 
 
 def test_window_figure_is_a_png(tmp_path):
     from nmt.plotting import bleu_by_window_figure, save_figure
 
-    rows = [{"k": k, "bleu": 20.0 - k, "low": 18.0 - k, "high": 22.0 - k, "source_words": 25.0 * k}
-            for k in (1, 2, 3)]
+    rows = [{"k": k, "bleu": 20.0 - k, "low": 18.0 - k, "high": 22.0 - k, "source_words": 25.0 * k} for k in (1, 2, 3)]
     fig = bleu_by_window_figure({"a": rows, "b": [dict(r, low=None) for r in rows]})
     path = save_figure(fig, tmp_path / "w.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

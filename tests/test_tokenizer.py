@@ -13,10 +13,14 @@ from nmt.tokenizer import Tokenizer, train_sentencepiece
 ROUND_TRIP_CORPUS = [
     "Im Anfang schuf Gott Himmel und Erde. Größe, Übermaß, Äpfel!",
     "Le garçon a mangé une crème brûlée à l'hôtel ; où est-il ?",
-    "Στην αρχή ήταν ο Λόγος", "В начале было Слово, и Слово было у Бога",
-    "בְּרֵאשִׁית בָּרָא", "في البدء كان الكلمة", "太初有道，道与神同在。", "はじめに言葉があった",
+    "Στην αρχή ήταν ο Λόγος",
+    "В начале было Слово, и Слово было у Бога",
+    "בְּרֵאשִׁית בָּרָא",
+    "في البدء كان الكلمة",
+    "太初有道，道与神同在。",
+    "はじめに言葉があった",
     "emoji \U0001f600 \U0001f389 \U0001f44d ok",
-    "The quick brown fox jumps over the lazy dog 0123456789 (x) [y] {z} \"q\" #1 $2 %3 &4 *5 +6 -7 /8 :9",
+    'The quick brown fox jumps over the lazy dog 0123456789 (x) [y] {z} "q" #1 $2 %3 &4 *5 +6 -7 /8 :9',
     "ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz <>=?@",
 ] * 20
 
@@ -38,12 +42,23 @@ def round_trip():
     model = train_sentencepiece(ROUND_TRIP_CORPUS, vocab_size=200)
     known = sorted({c for s in ROUND_TRIP_CORPUS for c in s if not c.isspace() and nfkc(c) == c})
     k = set(known)
-    compat = [chr(i) for i in range(0xA0, 0x30000) if chr(i) != "\uff5e" and not 0xD800 <= i < 0xE000
-              and nfkc(chr(i)) != chr(i) and nfkc(chr(i)).strip() and set(nfkc(chr(i))) <= k]
+    compat = [
+        chr(i)
+        for i in range(0xA0, 0x30000)
+        if chr(i) != "\uff5e"
+        and not 0xD800 <= i < 0xE000
+        and nfkc(chr(i)) != chr(i)
+        and nfkc(chr(i)).strip()
+        and set(nfkc(chr(i))) <= k
+    ]
     decomposed = sorted({unicodedata.normalize("NFD", c) for c in known} - k)
     assert len(compat) > 100 and len(decomposed) > 10
-    atoms = st.one_of(st.sampled_from(known), st.sampled_from(compat), st.sampled_from(decomposed),
-                      st.sampled_from(list(" \t\n\r\u00a0\u2003\u3000")))
+    atoms = st.one_of(
+        st.sampled_from(known),
+        st.sampled_from(compat),
+        st.sampled_from(decomposed),
+        st.sampled_from(list(" \t\n\r\u00a0\u2003\u3000")),
+    )
     return Tokenizer(model, model), st.lists(atoms, max_size=30).map("".join)
 
 

@@ -18,8 +18,16 @@ from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import CheckpointError
 
 TRAIN = [sys.executable, "-m", "nmt.cli.train"]
-SMALL = ["experiment=quick", "data.train_size=1500", "data.valid_size=60", "data.test_size=60",
-         "trainer.progress=false", "trainer.log_every=5", "trainer.heatmaps=1", "trainer.threads=1"]
+SMALL = [
+    "experiment=quick",
+    "data.train_size=1500",
+    "data.valid_size=60",
+    "data.test_size=60",
+    "trainer.progress=false",
+    "trainer.log_every=5",
+    "trainer.heatmaps=1",
+    "trainer.threads=1",
+]
 
 
 def run_train(run_dir: Path, data_dir: Path, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -63,8 +71,16 @@ def test_tensorboard_has_scalars_and_attention_images(reference):
 
     events = EventAccumulator(str(reference / "tensorboard"), size_guidance={"images": 0}).Reload()
     scalars = set(events.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "valid/loss", "valid/ppl",
-                "valid/bleu", "valid/chrf"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "valid/loss",
+        "valid/ppl",
+        "valid/bleu",
+        "valid/chrf",
+    ):
         assert tag in scalars, tag
     assert any(t.startswith("valid_bleu_by_length/") for t in scalars)
     images = events.Tags()["images"]
@@ -73,8 +89,18 @@ def test_tensorboard_has_scalars_and_attention_images(reference):
 
 def test_checkpoint_describes_itself(reference):
     data = load_checkpoint(reference / "checkpoints" / "last.pt")
-    for key in ("model", "model_config", "config", "spm_src", "spm_tgt", "optimizer", "rng", "step", "epoch",
-                "batch_pos"):
+    for key in (
+        "model",
+        "model_config",
+        "config",
+        "spm_src",
+        "spm_tgt",
+        "optimizer",
+        "rng",
+        "step",
+        "epoch",
+        "batch_pos",
+    ):
         assert key in data, key
     assert isinstance(data["spm_src"], bytes) and data["config"]["data"]["name"] == "synthetic"
 
@@ -93,8 +119,11 @@ def test_resume_continues_the_same_loss_curve(tmp_path, reference, data_dir):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_killed_run_resumes_to_the_same_result(tmp_path, reference, data_dir, sig):
     run = tmp_path / "run"
-    cmd = TRAIN + SMALL + [f"hydra.run.dir={run}", f"paths.data_dir={data_dir}", "trainer.max_steps=40",
-                           "trainer.valid_every=10"]
+    cmd = (
+        TRAIN
+        + SMALL
+        + [f"hydra.run.dir={run}", f"paths.data_dir={data_dir}", "trainer.max_steps=40", "trainer.valid_every=10"]
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     last = run / "checkpoints" / "last.pt"
     deadline = time.time() + 120
@@ -153,8 +182,18 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 def test_multirun_makes_one_run_per_attention(tmp_path, data_dir):
     sweep = tmp_path / "sweep"
-    cmd = TRAIN + ["-m"] + SMALL + ["attention=none,luong", "trainer.max_steps=10", "trainer.valid_every=10",
-                           f"paths.data_dir={data_dir}", f"hydra.sweep.dir={sweep}"]
+    cmd = (
+        TRAIN
+        + ["-m"]
+        + SMALL
+        + [
+            "attention=none,luong",
+            "trainer.max_steps=10",
+            "trainer.valid_every=10",
+            f"paths.data_dir={data_dir}",
+            f"hydra.sweep.dir={sweep}",
+        ]
+    )
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
@@ -166,8 +205,9 @@ def test_multirun_makes_one_run_per_attention(tmp_path, data_dir):
 @pytest.mark.parametrize("command", ["nmt-train", "nmt-prepare", "nmt-evaluate"])
 def test_each_hydra_command_has_its_own_help(command):
     """--help describes the command asked for (nmt-prepare shares nmt-train's config, not its help)."""
-    proc = subprocess.run([str(Path(sys.executable).parent / command), "--help"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / command), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"{command}: ")
     assert "Examples:" in proc.stdout and f"  {command} " in proc.stdout
@@ -179,8 +219,17 @@ def tiny_data(tmp_path_factory):
     from nmt.corpora import load_synthetic
     from nmt.data import TokenizerSettings, prepare
 
-    corpus = load_synthetic(seed=2, train_size=300, valid_size=40, test_size=10, min_len=3, max_len=8,
-                            test_min_len=3, test_max_len=8, vocab_words=20)
+    corpus = load_synthetic(
+        seed=2,
+        train_size=300,
+        valid_size=40,
+        test_size=10,
+        min_len=3,
+        max_len=8,
+        test_min_len=3,
+        test_max_len=8,
+        vocab_words=20,
+    )
     return prepare(corpus, TokenizerSettings(vocab_size=60), 60, tmp_path_factory.mktemp("tiny"))
 
 
@@ -201,21 +250,32 @@ def test_a_plateau_cut_during_warmup_cuts_the_full_rate(tiny_data, tmp_path, mon
 
     def fake_validation(model, data, split, *args, **kwargs):
         value = next(bleu)
-        return {"loss": 1.0, "ppl": 2.7, "bleu": value, "chrf": value, "by_length": [], "hypotheses": [],
-                "figures": []}
+        return {"loss": 1.0, "ppl": 2.7, "bleu": value, "chrf": value, "by_length": [], "hypotheses": [], "figures": []}
 
     monkeypatch.setattr(trainer_module, "evaluate_split", fake_validation)
     torch.manual_seed(0)
     model = tiny_model(tiny_data)
     optim = OptimConfig(lr=0.01, schedule="plateau", warmup_steps=100, plateau_factor=0.5, plateau_patience=0)
-    config = TrainerConfig(progress=False, max_steps=20, max_epochs=None, valid_every=5, batch_tokens=200,
-                           heatmaps=0, patience=0, log_every=5, amp="off")
+    config = TrainerConfig(
+        progress=False,
+        max_steps=20,
+        max_epochs=None,
+        valid_every=5,
+        batch_tokens=200,
+        heatmaps=0,
+        patience=0,
+        log_every=5,
+        amp="off",
+    )
     trainer = Trainer(model, tiny_data, config, optim, tmp_path, device="cpu", seed=1)
     trainer.train()
     group = trainer.optimizer.param_groups[0]
     assert group["base_lr"] == pytest.approx(0.01 * 0.5**2)  # two cuts, each of the full rate
-    lrs = {h["step"]: h["lr"] for h in load_checkpoint(tmp_path / "checkpoints" / "last.pt")["history"]
-           if h["kind"] == "train"}
+    lrs = {
+        h["step"]: h["lr"]
+        for h in load_checkpoint(tmp_path / "checkpoints" / "last.pt")["history"]
+        if h["kind"] == "train"
+    }
     assert lrs[20] == pytest.approx(0.01 * 0.5**2 * 20 / 100, rel=1e-3)  # still warming up, from the cut base
 
 
@@ -241,15 +301,35 @@ def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters):
     from nmt.data import TokenizerSettings, prepare
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
 
-    corpus = load_synthetic(seed=3, train_size=240, valid_size=10, test_size=5, min_len=2, max_len=5,
-                            test_min_len=2, test_max_len=5, vocab_words=15)
+    corpus = load_synthetic(
+        seed=3,
+        train_size=240,
+        valid_size=10,
+        test_size=5,
+        min_len=2,
+        max_len=5,
+        test_min_len=2,
+        test_max_len=5,
+        vocab_words=15,
+    )
     corpus = dress_as_chapters(corpus, window=3, seed=1, shortest=2, longest=8)
     data = prepare(corpus, TokenizerSettings(vocab_size=40), 100, tmp_path / "data", progress=False)
 
     def run(run_dir, epochs, resume=None):
         torch.manual_seed(0)
-        config = TrainerConfig(progress=False, max_steps=None, max_epochs=epochs, valid_every=1000, batch_tokens=150,
-                               heatmaps=0, patience=0, log_every=1, amp="off", resume=resume, threads=1)
+        config = TrainerConfig(
+            progress=False,
+            max_steps=None,
+            max_epochs=epochs,
+            valid_every=1000,
+            batch_tokens=150,
+            heatmaps=0,
+            patience=0,
+            log_every=1,
+            amp="off",
+            resume=resume,
+            threads=1,
+        )
         trainer = Trainer(tiny_model(data), data, config, OptimConfig(lr=0.01), run_dir, device="cpu", seed=2)
         trainer.train()
         return trainer
@@ -259,9 +339,12 @@ def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters):
     run(tmp_path / "split", 1)
     resumed = run(tmp_path / "split", 2, resume=str(tmp_path / "split" / "checkpoints" / "last.pt"))
     assert train_losses(tmp_path / "split" / "checkpoints" / "last.pt") == train_losses(
-        tmp_path / "whole" / "checkpoints" / "last.pt")
-    assert all(torch.equal(a, b) for a, b in zip(resumed.module.state_dict().values(),
-                                                  whole.module.state_dict().values(), strict=True))
+        tmp_path / "whole" / "checkpoints" / "last.pt"
+    )
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(resumed.module.state_dict().values(), whole.module.state_dict().values(), strict=True)
+    )
 
 
 def test_hooks_see_every_step_and_every_validation(tiny_data, tmp_path):
@@ -280,11 +363,21 @@ def test_hooks_see_every_step_and_every_validation(tiny_data, tmp_path):
             self.validations.append(trainer.step)
 
     record = Record()
-    config = TrainerConfig(progress=False, max_steps=7, max_epochs=None, valid_every=3, batch_tokens=200,
-                           heatmaps=0, patience=0, log_every=5, amp="off")
+    config = TrainerConfig(
+        progress=False,
+        max_steps=7,
+        max_epochs=None,
+        valid_every=3,
+        batch_tokens=200,
+        heatmaps=0,
+        patience=0,
+        log_every=5,
+        amp="off",
+    )
     torch.manual_seed(0)
-    trainer = Trainer(tiny_model(tiny_data), tiny_data, config, OptimConfig(lr=0.01), tmp_path, device="cpu",
-                      seed=1, hooks=[record])
+    trainer = Trainer(
+        tiny_model(tiny_data), tiny_data, config, OptimConfig(lr=0.01), tmp_path, device="cpu", seed=1, hooks=[record]
+    )
     trainer.train()
     assert [s[0] for s in record.steps] == list(range(1, 8)) and not any(s[3] for s in record.steps)
     assert all(s[1] > 0 and s[2] >= s[1] and s[4] for s in record.steps)

@@ -76,8 +76,9 @@ def data_section(data):
         raise ConfigError(f"unknown corpus data.name={name!r}; choose one of {', '.join(LOADERS)}")
     missing = [k for k in data if OmegaConf.is_config(data) and OmegaConf.is_missing(data, k)]
     if missing:
-        raise ConfigError(f"data.{missing[0]} is required for data={name}; "
-                          f"give it on the command line, e.g. data.{missing[0]}=FILE")
+        raise ConfigError(
+            f"data.{missing[0]} is required for data={name}; give it on the command line, e.g. data.{missing[0]}=FILE"
+        )
     return typed(schema_of("data", name), data, "data")
 
 
@@ -102,8 +103,10 @@ def build_model_config(model: DictConfig, attention: DictConfig):
 
     name = plain(attention).get("name")
     if name not in ATTENTIONS:
-        raise ConfigError(f"unknown attention.name={name!r}; choose one of: {', '.join(ATTENTIONS)} "
-                          "(e.g. attention=bahdanau on the command line)")
+        raise ConfigError(
+            f"unknown attention.name={name!r}; choose one of: {', '.join(ATTENTIONS)} "
+            "(e.g. attention=bahdanau on the command line)"
+        )
     options = plain(OmegaConf.structured(typed(schema_of("attention", name), attention, "attention")))
     del options["name"]
     query = options.pop("query")
@@ -125,30 +128,44 @@ def load_data(cfg: DictConfig):
     if settings.vocab_size < 8:
         raise ConfigError(f"tokenizer.vocab_size={settings.vocab_size}: use at least 8 (4 special pieces)")
     if not 0 < settings.character_coverage <= 1:
-        raise ConfigError(f"tokenizer.character_coverage={settings.character_coverage}: "
-                          "use a value in (0, 1]")
+        raise ConfigError(f"tokenizer.character_coverage={settings.character_coverage}: use a value in (0, 1]")
     try:
         return prepare(corpus, settings, max_length, cfg.paths.data_dir)
     except OSError as e:
         cache = Path(cfg.paths.data_dir) / "cache"
-        raise DataError(f"{cache}: cannot write the prepared data ({e.strerror or e}); free disk space or "
-                        "point paths.data_dir at a writable folder with room") from None
+        raise DataError(
+            f"{cache}: cannot write the prepared data ({e.strerror or e}); free disk space or "
+            "point paths.data_dir at a writable folder with room"
+        ) from None
 
 
 def check_splits(corpus) -> None:
     """Training needs pairs in `train` and `valid`; say which split is empty and how to fill it."""
     sizes = ", ".join(f"{k} {len(v)}" for k, v in corpus.splits.items())
     if not corpus.splits.get("train"):
-        raise DataError(f"corpus {corpus.name} has no training pairs ({sizes}); give more data, or lower "
-                        "data.valid_percent/data.test_percent (data=files)")
+        raise DataError(
+            f"corpus {corpus.name} has no training pairs ({sizes}); give more data, or lower "
+            "data.valid_percent/data.test_percent (data=files)"
+        )
     if not corpus.splits.get("valid"):
-        hint = ("give a validation set with data.valid=FILE, or more lines or a larger data.valid_percent"
-                if corpus.name == "files" else "use a larger corpus (data.valid_size for data=synthetic)")
+        hint = (
+            "give a validation set with data.valid=FILE, or more lines or a larger data.valid_percent"
+            if corpus.name == "files"
+            else "use a larger corpus (data.valid_size for data=synthetic)"
+        )
         raise DataError(f"corpus {corpus.name} has no validation pairs ({sizes}); {hint}")
 
 
-def build_run(cfg: DictConfig, run_dir: str | Path, device: str = "cpu", data=None, resume: str | None = None,
-              rank: int = 0, world_size: int = 1, hooks: Sequence = ()):
+def build_run(
+    cfg: DictConfig,
+    run_dir: str | Path,
+    device: str = "cpu",
+    data=None,
+    resume: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    hooks: Sequence = (),
+):
     """The Trainer of a composed training config, built the one way every command and script builds it:
     the typed trainer/optim/model sections, the prepared data (`data`, when the caller prepared it, e.g. to
     time it or to order it between processes), the model from `cfg.seed` (random and torch seeded), and the

@@ -37,8 +37,9 @@ def run(cfg: DictConfig) -> dict:
     from nmt.translator import Decoding, Translator
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError("no checkpoint given; run e.g. "
-                          "nmt-evaluate checkpoint=outputs/<date>/<time>/checkpoints/best.pt")
+        raise ConfigError(
+            "no checkpoint given; run e.g. nmt-evaluate checkpoint=outputs/<date>/<time>/checkpoints/best.pt"
+        )
     checkpoint = Path(str(cfg.checkpoint))
     edges = check_edges(plain(cfg.buckets), "buckets")
     decoding = typed(Decoding, cfg.decoding, "decoding")
@@ -49,20 +50,24 @@ def run(cfg: DictConfig) -> dict:
     elif isinstance(payload.get("config"), dict) and payload["config"].get("data"):
         data = OmegaConf.create(payload["config"]["data"])
     else:
-        raise ConfigError(f"{checkpoint}: stores no corpus description; "
-                          "name one, e.g. data=multi30k data.root=DIR")
+        raise ConfigError(f"{checkpoint}: stores no corpus description; name one, e.g. data=multi30k data.root=DIR")
     corpus = build_corpus(data, cfg.paths.data_dir)
     if cfg.split not in corpus.splits:
-        raise ConfigError(f"split={cfg.split} is not a split of corpus {corpus.name}; "
-                          f"available: {', '.join(corpus.splits)}")
+        raise ConfigError(
+            f"split={cfg.split} is not a split of corpus {corpus.name}; available: {', '.join(corpus.splits)}"
+        )
 
     device = resolve_device(cfg.device)
     model, tokenizer = model_from_checkpoint(payload, device, path=checkpoint)
     translator = Translator(model, tokenizer, device, **asdict(decoding))
     translator.checkpoint = str(checkpoint)
     out_dir = Path(cfg.output) if cfg.output else default_output(checkpoint)
-    meta = {"corpus": corpus.name, "src_lang": corpus.src_lang, "tgt_lang": corpus.tgt_lang,
-            "step": payload.get("step")}
+    meta = {
+        "corpus": corpus.name,
+        "src_lang": corpus.src_lang,
+        "tgt_lang": corpus.tgt_lang,
+        "step": payload.get("step"),
+    }
     return evaluate(translator, corpus.splits[cfg.split], edges, int(cfg.heatmaps), out_dir, cfg.split, meta)
 
 

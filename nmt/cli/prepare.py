@@ -1,8 +1,8 @@
 """nmt-prepare: read and check a corpus, train (or reuse) its tokenizer, encode and cache it, print a summary.
 
-    nmt-prepare                                   # the default Bible corpus, German -> English
-    nmt-prepare data=multi30k data.root=../shared/data/multi30k
-    nmt-prepare data=files data.train=corpus.tsv
+nmt-prepare                                   # the default Bible corpus, German -> English
+nmt-prepare data=multi30k data.root=../shared/data/multi30k
+nmt-prepare data=files data.train=corpus.tsv
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def summarize(data) -> str:
     words = sorted(len(s.split()) for s, _ in train)
     if words:
         q = statistics.quantiles(words, n=100) if len(words) > 1 else [words[0]] * 99
-        lines.append(f"train source words: mean {statistics.mean(words):.1f}, median {q[49]:.0f}, "
-                     f"p90 {q[89]:.0f}, p99 {q[98]:.0f}, max {words[-1]}")
+        lines.append(
+            f"train source words: mean {statistics.mean(words):.1f}, median {q[49]:.0f}, "
+            f"p90 {q[89]:.0f}, p99 {q[98]:.0f}, max {words[-1]}"
+        )
         pieces = data.encoded["train"].src_lengths.float()
         lines.append(f"train source pieces (with EOS): mean {pieces.mean():.1f}, max {int(pieces.max())}")
     joint = "joint" if tok.joint else "separate"

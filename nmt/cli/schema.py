@@ -101,8 +101,11 @@ def from_signature(name: str, function, first: list[tuple], skip: set[str]) -> t
     (as far as OmegaConf can check them) and defaults (required, ???, where there is none)."""
     hints = typing.get_type_hints(function)
     extra = [
-        (p.name, _config_type(hints.get(p.name, Any)),
-         field(default=REQUIRED if p.default is inspect.Parameter.empty else p.default))
+        (
+            p.name,
+            _config_type(hints.get(p.name, Any)),
+            field(default=REQUIRED if p.default is inspect.Parameter.empty else p.default),
+        )
         for p in inspect.signature(function).parameters.values()
         if p.name not in skip and p.kind is not inspect.Parameter.VAR_KEYWORD
     ]
@@ -112,21 +115,27 @@ def from_signature(name: str, function, first: list[tuple], skip: set[str]) -> t
 def model_schema() -> type:
     """ModelConfig without the fields that the attention group fills."""
     hints = typing.get_type_hints(ModelConfig)
-    return make_dataclass("ModelSchema", [(f.name, hints[f.name], _copy(f)) for f in fields(ModelConfig)
-                                          if f.name not in ATTENTION_FIELDS])
+    return make_dataclass(
+        "ModelSchema",
+        [(f.name, hints[f.name], _copy(f)) for f in fields(ModelConfig) if f.name not in ATTENTION_FIELDS],
+    )
 
 
 def attention_schema(name: str) -> type:
     query = next(f for f in fields(ModelConfig) if f.name == "attention_query")
-    first = [("name", str, field(default=name)), ("query", typing.get_type_hints(ModelConfig)["attention_query"],
-                                                  field(default=query.default))]
+    first = [
+        ("name", str, field(default=name)),
+        ("query", typing.get_type_hints(ModelConfig)["attention_query"], field(default=query.default)),
+    ]
     cls = ATTENTIONS[name]
     return from_signature(f"{cls.__name__}Schema", cls.__init__, first, {"self", "query_dim", "value_dim"})
 
 
 def data_schema(name: str) -> type:
-    first = [("name", str, field(default=name)),
-             ("max_length", int, field(default=DEFAULT_MAX_LENGTH))]  # longer training pairs are dropped
+    first = [
+        ("name", str, field(default=name)),
+        ("max_length", int, field(default=DEFAULT_MAX_LENGTH)),
+    ]  # longer training pairs are dropped
     return from_signature(f"{name.title()}Data", LOADERS[name], first, NOT_CONFIG)
 
 
@@ -149,5 +158,11 @@ def schema_of(group: str, name: str | None = None) -> type:
         return attention_schema(name)
     if group == "data":
         return data_schema(name)
-    return {"trainer": TrainerConfig, "optim": OptimConfig, "tokenizer": TokenizerSettings, "decoding": Decoding,
-            "paths": Paths, "model": model_schema()}[group]
+    return {
+        "trainer": TrainerConfig,
+        "optim": OptimConfig,
+        "tokenizer": TokenizerSettings,
+        "decoding": Decoding,
+        "paths": Paths,
+        "model": model_schema(),
+    }[group]

@@ -45,25 +45,60 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nmt-serve", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Serve a page and a JSON API that translate one sentence with several "
-                                            "nmt checkpoints and show each one's attention.")
-    p.add_argument("checkpoints", nargs="+", metavar="CKPT",
-                   help="checkpoints written by nmt-train, e.g. <run dir>/checkpoints/best.pt (shown in this order)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    p = argparse.ArgumentParser(
+        prog="nmt-serve",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve a page and a JSON API that translate one sentence with several "
+        "nmt checkpoints and show each one's attention.",
+    )
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="checkpoints written by nmt-train, e.g. <run dir>/checkpoints/best.pt (shown in this order)",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--device", default="auto", help="auto (the default: cuda if any), cpu, cuda, cuda:N")
-    p.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
-                   help="bf16 autocast: auto (the default) where the hardware computes bf16, off for fp32")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch threads per model call (default: CPU cores / checkpoints, at least 1)")
-    p.add_argument("--max-chars", type=int, default=1000, metavar="N",
-                   help="longest text in characters; longer ones are cut, with a note (default 1000)")
-    p.add_argument("--max-pieces", type=int, default=100, metavar="N",
-                   help="longest source in pieces, end of sentence included; longer ones are cut (default 100)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds a request may take, waiting included, before a 503 (default 60)")
+    p.add_argument(
+        "--amp",
+        default="auto",
+        choices=("auto", "bf16", "off"),
+        help="bf16 autocast: auto (the default) where the hardware computes bf16, off for fp32",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads per model call (default: CPU cores / checkpoints, at least 1)",
+    )
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="longest text in characters; longer ones are cut, with a note (default 1000)",
+    )
+    p.add_argument(
+        "--max-pieces",
+        type=int,
+        default=100,
+        metavar="N",
+        help="longest source in pieces, end of sentence included; longer ones are cut (default 100)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a request may take, waiting included, before a 503 (default 60)",
+    )
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port {args.port}: use a port from 1 to 65535, or 0 for any free port")
@@ -83,8 +118,10 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror:
-        raise ConfigError(f"--host {host}: not an address or name of this machine; use 127.0.0.1 (this machine "
-                          "only) or 0.0.0.0 (every interface)") from None
+        raise ConfigError(
+            f"--host {host}: not an address or name of this machine; use 127.0.0.1 (this machine "
+            "only) or 0.0.0.0 (every interface)"
+        ) from None
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -93,13 +130,17 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise ConfigError(f"{host}:{port} is already in use (another nmt-serve?); stop that program or pick "
-                              "another port, e.g. --port 8001 (--port 0 picks a free one)") from None
+            raise ConfigError(
+                f"{host}:{port} is already in use (another nmt-serve?); stop that program or pick "
+                "another port, e.g. --port 8001 (--port 0 picks a free one)"
+            ) from None
         if e.errno == errno.EACCES:
-            raise ConfigError(f"{host}:{port}: ports below 1024 need root; use a higher port, e.g. --port 8000"
-                              ) from None
-        raise ConfigError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); use "
-                          "--host 127.0.0.1") from None
+            raise ConfigError(
+                f"{host}:{port}: ports below 1024 need root; use a higher port, e.g. --port 8000"
+            ) from None
+        raise ConfigError(
+            f"--host {host} --port {port}: cannot listen there ({e.strerror}); use --host 127.0.0.1"
+        ) from None
     return sock
 
 
@@ -123,16 +164,30 @@ def serve(args: argparse.Namespace) -> None:
     loopback = args.host in LOOPBACK
     allowed = [*LOOPBACK, "[::1]"] if loopback else None
     app = create_app(models, examples, limits, allowed_hosts=allowed)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=5,
-                            limit_concurrency=64, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=5,
+        limit_concurrency=64,
+        timeout_graceful_shutdown=5,
+    )
     sock.listen(128)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if not loopback:
-        print(f"nmt-serve: warning: listening on {args.host}: anyone who can reach this machine can use the "
-              "server (there is no authentication)", file=sys.stderr, flush=True)
-    print(f"nmt-serve: serving {len(models)} checkpoint{'s' if len(models) > 1 else ''} on http://{shown}:{port}/ "
-          f"(ready in {time.perf_counter() - started:.1f} s; Ctrl-C stops)", flush=True)
+        print(
+            f"nmt-serve: warning: listening on {args.host}: anyone who can reach this machine can use the "
+            "server (there is no authentication)",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"nmt-serve: serving {len(models)} checkpoint{'s' if len(models) > 1 else ''} on http://{shown}:{port}/ "
+        f"(ready in {time.perf_counter() - started:.1f} s; Ctrl-C stops)",
+        flush=True,
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 

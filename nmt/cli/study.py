@@ -25,28 +25,44 @@ from nmt.errors import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="nmt-study", description=__doc__.split(": ", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, metavar="SWEEP_DIR_OR_RUN_DIR",
-                        help="a multirun directory (its subdirectories with checkpoints/best.pt) "
-                             "or run directories")
-    parser.add_argument("--split", default="test",
-                        help="held-out split to evaluate on (default: test; join splits with + to concatenate "
-                             "them); valid and valid_k<k> are refused, since valid chose each run's best.pt")
-    parser.add_argument("--buckets", default=None,
-                        help="source-length bucket edges in words, e.g. 0,15,25,35 "
-                             "(default: chosen from the data)")
-    parser.add_argument("--min-bucket", type=int, default=80,
-                        help="sentences every automatically chosen bucket must hold (default: 80)")
+    parser = argparse.ArgumentParser(
+        prog="nmt-study", description=__doc__.split(": ", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="SWEEP_DIR_OR_RUN_DIR",
+        help="a multirun directory (its subdirectories with checkpoints/best.pt) or run directories",
+    )
+    parser.add_argument(
+        "--split",
+        default="test",
+        help="held-out split to evaluate on (default: test; join splits with + to concatenate "
+        "them); valid and valid_k<k> are refused, since valid chose each run's best.pt",
+    )
+    parser.add_argument(
+        "--buckets",
+        default=None,
+        help="source-length bucket edges in words, e.g. 0,15,25,35 (default: chosen from the data)",
+    )
+    parser.add_argument(
+        "--min-bucket", type=int, default=80, help="sentences every automatically chosen bucket must hold (default: 80)"
+    )
     parser.add_argument("--beam", type=int, default=1, help="beam size (default: 1, greedy)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
-    parser.add_argument("--bootstrap", type=int, default=1000,
-                        help="bootstrap replicates for the 95%% intervals (seeds x sentences) and resamples for "
-                             "the paired tests against none; 0: neither (default: 1000)")
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        help="bootstrap replicates for the 95%% intervals (seeds x sentences) and resamples for "
+        "the paired tests against none; 0: neither (default: 1000)",
+    )
     parser.add_argument("--heatmaps", type=int, default=4, help="heatmaps per run in <run>/eval (default: 4)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all)")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="where the study files go (default: the sweep directory)")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="where the study files go (default: the sweep directory)"
+    )
     return parser.parse_args(argv)
 
 
@@ -56,8 +72,7 @@ def parse_edges(text: str | None) -> list[int] | None:
     try:
         return [int(x) for x in text.split(",")]
     except ValueError:
-        raise ConfigError(f"--buckets {text}: give word counts separated by commas, "
-                          "e.g. 0,15,25,35") from None
+        raise ConfigError(f"--buckets {text}: give word counts separated by commas, e.g. 0,15,25,35") from None
 
 
 def load_corpus(config: dict):
@@ -81,9 +96,15 @@ def run(args: argparse.Namespace) -> dict:
         check_edges(edges, "--buckets")
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = StudySettings(splits=splits, edges=edges, min_bucket=args.min_bucket,
-                             bootstrap=args.bootstrap, heatmaps=args.heatmaps,
-                             device=resolve_device(args.device, "--device "), decoding={"beam_size": args.beam})
+    settings = StudySettings(
+        splits=splits,
+        edges=edges,
+        min_bucket=args.min_bucket,
+        bootstrap=args.bootstrap,
+        heatmaps=args.heatmaps,
+        device=resolve_device(args.device, "--device "),
+        decoding={"beam_size": args.beam},
+    )
     return run_study(args.paths, load_corpus, args.output, settings)
 
 

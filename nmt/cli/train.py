@@ -36,8 +36,10 @@ def resume_path(value: str | None, run_dir: Path) -> str | None:
         if p.is_dir():
             candidate = p / "checkpoints" / "last.pt"
             if not candidate.exists():
-                raise ConfigError(f"trainer.resume={value}: no checkpoints/last.pt in that directory; "
-                                  "pass a run directory of nmt-train or a .pt file")
+                raise ConfigError(
+                    f"trainer.resume={value}: no checkpoints/last.pt in that directory; "
+                    "pass a run directory of nmt-train or a .pt file"
+                )
             return str(candidate)
         return value
     last = run_dir / "checkpoints" / "last.pt"
@@ -100,17 +102,25 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     trainer = build_run(cfg, run_dir, device, data, resume, rank, world)
     mcfg = trainer.module.config
     log.info("corpus %s: %s", data.corpus.name, ", ".join(f"{k} {len(v):,}" for k, v in data.encoded.items()))
-    log.info("model: %s attention (query %s), %s parameters, device %s, %d thread(s)%s", mcfg.attention,
-             mcfg.attention_query, f"{trainer.module.num_parameters():,}", device, torch.get_num_threads(),
-             f", {world} processes" if world > 1 else "")
+    log.info(
+        "model: %s attention (query %s), %s parameters, device %s, %d thread(s)%s",
+        mcfg.attention,
+        mcfg.attention_query,
+        f"{trainer.module.num_parameters():,}",
+        device,
+        torch.get_num_threads(),
+        f", {world} processes" if world > 1 else "",
+    )
     if resume:
         log.info("resuming from %s", resume)
     summary = trainer.train()
     if rank == 0:
         best = summary["best"]
-        print(f"done ({summary['stopped_by']}) after {summary['step']} steps, {summary['epoch']} epochs, "
-              f"{summary['train_minutes']} min; best {best.get('metric')} at step {best.get('step')}: "
-              f"BLEU {best.get('bleu')} chrF {best.get('chrf')} ppl {best.get('ppl')} -> {summary['best_checkpoint']}")
+        print(
+            f"done ({summary['stopped_by']}) after {summary['step']} steps, {summary['epoch']} epochs, "
+            f"{summary['train_minutes']} min; best {best.get('metric')} at step {best.get('step')}: "
+            f"BLEU {best.get('bleu')} chrF {best.get('chrf')} ppl {best.get('ppl')} -> {summary['best_checkpoint']}"
+        )
     if world > 1:
         torch.distributed.destroy_process_group()
     return summary

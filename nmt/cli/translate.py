@@ -34,25 +34,51 @@ examples:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="nmt-translate", description="Translate text with an nmt checkpoint.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="nmt-translate",
+        description="Translate text with an nmt checkpoint.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("checkpoint", help="a checkpoint written by nmt-train, e.g. <run dir>/checkpoints/best.pt")
     p.add_argument("text", nargs="*", help="sentences to translate (default: each line of stdin)")
     p.add_argument("--beam", type=int, default=1, metavar="N", help="beam size (default 1: greedy)")
     p.add_argument("--nbest", type=int, default=1, metavar="N", help="print the N best (N <= beam)")
-    p.add_argument("--length-penalty", type=float, default=1.0, metavar="A",
-                   help="GNMT alpha: score / ((5 + length) / 6) ** A (default 1.0)")
-    p.add_argument("--max-len-ratio", type=float, default=1.5, metavar="R",
-                   help="output at most R x source pieces + 10 (default 1.5)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N",
-                   help="translate up to N waiting lines together (default 32; the output is the same)")
+    p.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        metavar="A",
+        help="GNMT alpha: score / ((5 + length) / 6) ** A (default 1.0)",
+    )
+    p.add_argument(
+        "--max-len-ratio",
+        type=float,
+        default=1.5,
+        metavar="R",
+        help="output at most R x source pieces + 10 (default 1.5)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        metavar="N",
+        help="translate up to N waiting lines together (default 32; the output is the same)",
+    )
     p.add_argument("--device", default="auto", help="auto (the default: cuda if any), cpu, cuda, cuda:N")
-    p.add_argument("--amp", default="auto", choices=("auto", "bf16", "off"),
-                   help="bf16 autocast: auto (the default) uses it where the hardware computes bf16 (CUDA; CPUs "
-                        "with AVX-512 BF16 or AMX), off decodes in fp32")
+    p.add_argument(
+        "--amp",
+        default="auto",
+        choices=("auto", "bf16", "off"),
+        help="bf16 autocast: auto (the default) uses it where the hardware computes bf16 (CUDA; CPUs "
+        "with AVX-512 BF16 or AMX), off decodes in fp32",
+    )
     p.add_argument("--attention", metavar="DIR", help="write one attention heatmap PNG per input line to DIR")
-    p.add_argument("--print-alignment", action="store_true",
-                   help="after each translation, print the most attended source piece of every output piece")
+    p.add_argument(
+        "--print-alignment",
+        action="store_true",
+        help="after each translation, print the most attended source piece of every output piece",
+    )
     args = p.parse_intermixed_args(argv)
     for name in ("beam", "nbest", "batch_size"):
         if getattr(args, name) < 1:
@@ -104,8 +130,9 @@ def write_results(translator, args: argparse.Namespace, texts: list[str], first_
             from nmt.plotting import attention_figure, save_figure
 
             t = hyps[0]
-            fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title=text[:80],
-                                   has_alignment=translator.has_alignment)
+            fig = attention_figure(
+                t.attention, t.src_pieces, t.tgt_pieces, title=text[:80], has_alignment=translator.has_alignment
+            )
             save_figure(fig, os.path.join(args.attention, f"{first_line + n}.png"))
     sys.stdout.write("".join(line + "\n" for line in out))
     sys.stdout.flush()
@@ -128,8 +155,16 @@ def translate(args: argparse.Namespace) -> None:
 
     device = resolve_device(args.device, "--device ")
     model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint), device, path=args.checkpoint)
-    translator = Translator(model, tokenizer, device, beam_size=args.beam, nbest=args.nbest,
-                            length_penalty=args.length_penalty, max_len_ratio=args.max_len_ratio, amp=args.amp)
+    translator = Translator(
+        model,
+        tokenizer,
+        device,
+        beam_size=args.beam,
+        nbest=args.nbest,
+        length_penalty=args.length_penalty,
+        max_len_ratio=args.max_len_ratio,
+        amp=args.amp,
+    )
     translator.checkpoint = args.checkpoint
     if args.attention:
         try:

@@ -19,6 +19,20 @@ from nmt.corpora.text import read_lines, read_parallel, read_tsv
 
 LOADERS = {"bible": load_bible, "multi30k": load_multi30k, "files": load_files, "synthetic": load_synthetic}
 
-__all__ = ["BIBLE_TRANSLATIONS", "COPYRIGHTED_CODES", "LOADERS", "Corpus", "FileSpec", "Pair", "PathLike", "load_bible",
-           "load_files", "load_multi30k", "load_synthetic", "read_lines", "read_parallel", "read_tsv",
-           "verse_windows"]
+__all__ = [
+    "BIBLE_TRANSLATIONS",
+    "COPYRIGHTED_CODES",
+    "LOADERS",
+    "Corpus",
+    "FileSpec",
+    "Pair",
+    "PathLike",
+    "load_bible",
+    "load_files",
+    "load_multi30k",
+    "load_synthetic",
+    "read_lines",
+    "read_parallel",
+    "read_tsv",
+    "verse_windows",
+]

@@ -237,8 +237,9 @@ def load_bible(
     if source_translation == target_translation:
         raise DataError(f"source and target Bible translation are both '{source_translation}'; pick two")
     if window < 1:
-        raise DataError(f"data.window={window}: give the largest number of consecutive verses in one example "
-                        "(1: single verses)")
+        raise DataError(
+            f"data.window={window}: give the largest number of consecutive verses in one example (1: single verses)"
+        )
     db = _bible_db(db_path)
     src = _clean_translation(source_translation, _read_translation(db, source_translation))
     tgt = _clean_translation(target_translation, _read_translation(db, target_translation))

@@ -43,8 +43,9 @@ def load_files(
     train_pairs, n_empty = _read_spec(train, swap)
     if not train_pairs:
         names = train if isinstance(train, (str, Path)) else " + ".join(str(f) for f in train)
-        raise DataError(f"{names}: no sentence pairs in the training data (every line has an empty side); "
-                        "check the files")
+        raise DataError(
+            f"{names}: no sentence pairs in the training data (every line has an empty side); check the files"
+        )
     splits: dict[str, list[Pair]] = {"train": [], "valid": [], "test": []}
     for name, spec in (("valid", valid), ("test", test)):
         if spec is not None:

@@ -13,8 +13,7 @@ from nmt.corpora.text import read_parallel
 from nmt.errors import DataError
 
 MULTI30K_URL = (
-    "https://raw.githubusercontent.com/multi30k/dataset/"
-    "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/{file}"
+    "https://raw.githubusercontent.com/multi30k/dataset/a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/{file}"
 )
 MULTI30K_SHA256 = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -50,9 +49,7 @@ _MANUAL = "download the Multi30k task1 raw files by hand and pass data.root=FOLD
 def _verify_sha256(path: Path, expected: str, origin: str) -> None:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != expected:
-        raise DataError(
-            f"{origin}: sha256 is {digest}, expected {expected}; the file is corrupt or changed, {_MANUAL}"
-        )
+        raise DataError(f"{origin}: sha256 is {digest}, expected {expected}; the file is corrupt or changed, {_MANUAL}")
 
 
 def _download(file: str, folder: Path) -> None:

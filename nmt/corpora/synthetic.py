@@ -38,9 +38,7 @@ def load_synthetic(
     if not 1 <= vocab_words <= 10000:
         raise DataError(f"synthetic vocab_words={vocab_words}: use a value from 1 to 10000")
     if not (1 <= min_len <= max_len and 1 <= test_min_len <= test_max_len):
-        raise DataError(
-            "synthetic lengths: need 1 <= min_len <= max_len and 1 <= test_min_len <= test_max_len"
-        )
+        raise DataError("synthetic lengths: need 1 <= min_len <= max_len and 1 <= test_min_len <= test_max_len")
     rng = random.Random(seed)  # a private generator: the data depend on the seed only
     source_words = _pseudo_words(rng, vocab_words, set())
     lexicon = dict(zip(source_words, _pseudo_words(rng, vocab_words, set(source_words)), strict=True))

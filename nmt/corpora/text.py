@@ -42,9 +42,7 @@ def _read_bytes(path: Path) -> bytes:
                 return handle.read()
         return path.read_bytes()
     except (OSError, EOFError) as err:  # includes gzip.BadGzipFile and truncated archives
-        raise DataError(
-            f"{path}: cannot be read ({err}); check the file or recompress it with gzip"
-        ) from None
+        raise DataError(f"{path}: cannot be read ({err}); check the file or recompress it with gzip") from None
 
 
 def squash(text: str) -> str:
@@ -56,8 +54,9 @@ def read_parallel(src_path: PathLike, tgt_path: PathLike) -> tuple[list[Pair], i
     """Pairs from two line-aligned files, and how many pairs were dropped for an empty side."""
     src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
     if not src_lines and not tgt_lines:
-        raise DataError(f"{src_path} and {tgt_path}: both files are empty; "
-                        "put one sentence per line in each, line-aligned")
+        raise DataError(
+            f"{src_path} and {tgt_path}: both files are empty; put one sentence per line in each, line-aligned"
+        )
     if len(src_lines) != len(tgt_lines):
         raise DataError(
             f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}; "
@@ -77,8 +76,7 @@ def read_tsv(path: PathLike, swap: bool = False) -> tuple[list[Pair], int]:
     raw_pairs = []
     lines = read_lines(path)
     if not lines:
-        raise DataError(f"{path}: empty file, no sentence pairs found; "
-                        "expected lines of the form source<TAB>target")
+        raise DataError(f"{path}: empty file, no sentence pairs found; expected lines of the form source<TAB>target")
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             raw_pairs.append(("", ""))  # counted as dropped below
@@ -92,6 +90,8 @@ def read_tsv(path: PathLike, swap: bool = False) -> tuple[list[Pair], int]:
         raw_pairs.append((columns[1], columns[0]) if swap else (columns[0], columns[1]))
     pairs, n_dropped = _keep_nonempty(raw_pairs)
     if not pairs:
-        raise DataError(f"{path}: no sentence pairs found (every line has an empty side); "
-                        "expected lines of the form source<TAB>target")
+        raise DataError(
+            f"{path}: no sentence pairs found (every line has an empty side); "
+            "expected lines of the form source<TAB>target"
+        )
     return pairs, n_dropped
