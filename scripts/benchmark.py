@@ -65,7 +65,7 @@ from nmt.cli.common import (
     user_errors,
 )
 from nmt.data import PreparedData, padding_overhead
-from nmt.device import describe_machine, resolve_device
+from nmt.device import describe_machine, matmul_rate, resolve_device
 from nmt.memory import tune_allocator, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig
@@ -169,28 +169,6 @@ def benchmark_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, 
 def max_rss_gib(who: int = resource.RUSAGE_SELF) -> float:
     """Peak resident set size in GiB (Linux reports ru_maxrss in KiB); RUSAGE_CHILDREN: the largest child."""
     return resource.getrusage(who).ru_maxrss / 1024**2
-
-
-def matmul_rate(threads: int, seconds: float, n: int = 512, dtype: torch.dtype = torch.float32) -> dict:
-    """Sustained GFLOP/s of an n x n x n torch.mm in `dtype` (2 n^3 FLOPs per call) at `threads` threads."""
-    torch.set_num_threads(threads)
-    a, b, out = (torch.randn(n, n, dtype=dtype) for _ in range(3))
-    for _ in range(10):
-        torch.mm(a, b, out=out)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(10):
-            torch.mm(a, b, out=out)
-        calls += 10
-    elapsed = time.perf_counter() - start
-    return {
-        "n": n,
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": threads,
-        "calls": calls,
-        "seconds": round(elapsed, 3),
-        "gflops": round(2 * n**3 * calls / elapsed / 1e9, 1),
-    }
 
 
 # ---------------------------------------------------------------------------------------------- FLOPs

@@ -303,3 +303,35 @@ def test_memory_trace_records_every_step(tmp_path):
     if "heap_in_use" in report["end"]:  # glibc
         assert report["end"]["heap_in_use"] > 0 and report["end"]["heap_free"] >= 0
     assert f"step {report['steps']}:" in proc.stdout
+
+
+@pytest.mark.parametrize("attention", ["bahdanau", "luong"])
+def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
+    """scripts/step_profile.py on a tiny synthetic setting: the phases sum to the step, the matmul-heavy ones
+    have FLOPs, and the attention is timed in both decoder orders (stepwise queries and all steps at once)."""
+    out = tmp_path / "profile.json"
+    tiny = ["experiment=quick", f"attention={attention}", "model.input_feeding=false", "data.train_size=300"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT.parent / "step_profile.py"),
+        "--steps",
+        "2",
+        "--threads",
+        "1",
+        "--data",
+        "",
+        "--out",
+        str(out),
+        "--",
+        *tiny,
+        f"paths.data_dir={tmp_path / 'data'}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    phases = report["phases"]
+    assert list(phases) == ["encoder", "recurrence without attention", "attention", "output+loss", "optimizer"]
+    assert sum(p["seconds"] for p in phases.values()) == pytest.approx(report["step_seconds"], abs=0.01)
+    assert all(phases[name]["gflop"] > 0 for name in ("encoder", "recurrence without attention", "output+loss"))
+    assert phases["attention"]["seconds"] > 0 and report["machine"]["threads"] == 1
+    assert "whole step" in proc.stdout

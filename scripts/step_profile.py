@@ -1,0 +1,215 @@
+"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--out FILE] [-- KEY=VALUE ...]
+
+Where a training step's time goes, phase by phase, on the batches nmt-train would train on:
+
+    python scripts/step_profile.py                                   # the multi30k_deen preset
+    python scripts/step_profile.py --data '' -- experiment=bottleneck hydra.mode=RUN attention=bahdanau \
+        data.window=4                                                # the study's RNNsearch on verse windows
+
+Each of --steps batches (after 3 warm-up batches) is timed five ways, each forward and backward:
+    step         the whole optimizer step, as the Trainer takes it (forward, loss, backward, clip, Adam)
+    encoder      Seq2Seq.encode alone (embeddings, biLSTM, the attention's keys, the bridge)
+    attention    the attention module alone, called as the decoder calls it (once per target step when
+                 the query is the previous state or input feeding is on; once for all steps otherwise)
+    output+loss  the output layer over the decoder's outputs and the label-smoothed loss
+    optimizer    gradient clipping and the Adam step (timed inside `step`)
+and the decoder recurrence is the rest: step - encoder - output+loss - optimizer, of which the attention's
+share is reported apart ("recurrence without attention" = LSTM steps, W_c, dropout, concatenations). Phases
+timed alone do not share caches with the rest of the step; the recurrence, a remainder, absorbs that
+difference (so the parts sum to the whole by construction). Matmul FLOPs per phase come from torch's FLOP
+counter (forward and backward), and each phase's GFLOP/s is set against this machine's measured fp32
+torch.mm rate (512^3).
+Runs in fp32 (trainer.amp=off): on CPUs without bf16 hardware that is how nmt-train runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: must come before torch)
+
+# isort: split
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from nmt.cli.common import build_run, compose_config, user_errors
+from nmt.data import collate
+from nmt.device import describe_machine, matmul_rate
+from nmt.loss import token_loss
+
+WARMUP = 3
+PHASES = ("encoder", "recurrence without attention", "attention", "output+loss", "optimizer")
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    argv = sys.argv[1:] if argv is None else argv
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--steps", type=int, default=20, help="timed batches (default 20)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    p.add_argument("--data", default="../shared/data/multi30k", help="Multi30k raw files; '' for another corpus")
+    p.add_argument("--out", help="also write the results as JSON to this file")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.threads < 1:
+        p.error("--steps and --threads must be positive")
+    return args, overrides
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+class Phases:
+    """The phases of one batch as closures over the model, each running forward and backward."""
+
+    def __init__(self, trainer, batch):
+        self.model, self.trainer, self.batch = trainer.module, trainer, batch
+        decoder = self.model.decoder
+        with torch.no_grad():  # inputs of the phases timed alone (their values do not change the cost)
+            enc, keys, values, state = self.model.encode(batch.src, batch.src_lengths)
+        captured = {}
+        hook = decoder.output.register_forward_pre_hook(lambda _m, args: captured.update(h=args[0]))
+        with torch.no_grad():
+            self.model(batch.src, batch.src_lengths, batch.tgt_in)
+        hook.remove()
+        self.decoder_out = captured["h"].detach()  # (B, T, H): what the output layer reads
+        self.keys, self.values, self.mask = keys.detach(), values.detach(), enc.mask
+        B, T = batch.tgt_in.shape
+        stepwise = decoder.query == "previous" or decoder.input_feeding
+        shape = (B, 1, decoder.hidden_size) if stepwise else (B, T, decoder.hidden_size)
+        self.queries = [torch.randn(shape) for _ in range(T if stepwise else 1)]
+
+    def step(self) -> float:
+        """The Trainer's step; returns the optimizer's part of its time."""
+        t, model, b = self.trainer, self.model, self.batch
+        t.optimizer.zero_grad(set_to_none=True)
+        logits, _ = model(b.src, b.src_lengths, b.tgt_in)
+        loss, n = token_loss(logits, b.tgt_out, t.cfg.label_smoothing)
+        (loss / n).backward()
+        return timed(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), t.cfg.clip_norm), t.optimizer.step()))
+
+    def encoder(self) -> None:
+        enc, keys, values, state = self.model.encode(self.batch.src, self.batch.src_lengths)
+        (keys.sum() + values.sum() + state.h.sum() + state.c.sum()).backward()
+
+    def attention(self) -> None:
+        keys, values = self.keys.clone().requires_grad_(), self.values.clone().requires_grad_()
+        total = 0
+        for q in self.queries:
+            context, _ = self.model.attention(q.requires_grad_(), keys, values, self.mask)
+            total = total + context.sum()
+        total.backward()
+
+    def output_loss(self) -> None:
+        h = self.decoder_out.clone().requires_grad_()
+        loss, n = token_loss(self.model.decoder.output(h), self.batch.tgt_out, self.trainer.cfg.label_smoothing)
+        (loss / n).backward()
+
+
+def flops(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
+    cfg = compose_config(["experiment=multi30k_deen", *root, "trainer.progress=false", "trainer.amp=off", *overrides])
+    trainer = build_run(cfg, Path(tempfile.mkdtemp(prefix="nmt-profile-")), "cpu")
+    trainer.module.train()
+    split, batches = trainer.train_split, trainer.sampler.batches(0)[: WARMUP + args.steps]
+    seconds = dict.fromkeys(("step", "encoder", "attention", "output+loss", "optimizer"), 0.0)
+    counted = dict.fromkeys(("step", "encoder", "attention", "output+loss"), 0)
+    sentences = tokens = 0
+    for i, indices in enumerate(batches):
+        batch = collate(split, indices)
+        phases = Phases(trainer, batch)
+        runs = {"encoder": phases.encoder, "attention": phases.attention, "output+loss": phases.output_loss}
+        if i < WARMUP:
+            phases.step(), [fn() for fn in runs.values()]
+            continue
+        optimizer_seconds = [0.0]
+        seconds["step"] += timed(lambda p=phases, o=optimizer_seconds: o.__setitem__(0, p.step()))
+        seconds["optimizer"] += optimizer_seconds[0]
+        for name, fn in runs.items():
+            seconds[name] += timed(fn)
+        if i == WARMUP:  # matmul FLOPs of one batch per phase, scaled by tokens below
+            counted = {"step": flops(phases.step), **{name: flops(fn) for name, fn in runs.items()}}
+            first_tokens = batch.n_tokens
+        sentences, tokens = sentences + len(indices), tokens + batch.n_tokens
+    trainer.optimizer.zero_grad(set_to_none=True)
+    rate = matmul_rate(args.threads, 3.0)["gflops"]
+    recurrence = seconds["step"] - seconds["encoder"] - seconds["output+loss"] - seconds["optimizer"]
+    parts = {
+        "encoder": seconds["encoder"],
+        "recurrence without attention": recurrence - seconds["attention"],
+        "attention": seconds["attention"],
+        "output+loss": seconds["output+loss"],
+        "optimizer": seconds["optimizer"],
+    }
+    scale = tokens / first_tokens  # FLOPs counted on the first timed batch, scaled to all of them by tokens
+    phase_flops = {
+        "encoder": counted["encoder"],
+        "recurrence without attention": counted["step"]
+        - counted["encoder"]
+        - counted["attention"]
+        - counted["output+loss"],
+        "attention": counted["attention"],
+        "output+loss": counted["output+loss"],
+        "optimizer": 0,
+    }
+    rows = {}
+    for name in PHASES:
+        gflops = phase_flops[name] * scale / max(parts[name], 1e-9) / 1e9
+        rows[name] = {
+            "seconds": round(parts[name], 3),
+            "share": round(parts[name] / seconds["step"], 3),
+            "gflop": round(phase_flops[name] * scale / 1e9, 2),
+            "gflops_per_s": round(gflops, 1),
+            "fraction_of_matmul_rate": round(gflops / rate, 3),
+        }
+    model = trainer.module.config
+    print(
+        f"{len(batches) - WARMUP} batches, {sentences} sentences, {tokens} target tokens, "
+        f"{tokens / seconds['step']:.0f} target tokens/s; {model.attention} (query {model.attention_query}, "
+        f"input feeding {model.input_feeding}); fp32 torch.mm {rate} GFLOP/s on {args.threads} thread(s)"
+    )
+    print(f"{'phase':30s} {'seconds':>8s} {'share':>6s} {'GFLOP':>7s} {'GFLOP/s':>8s} {'of mm':>6s}")
+    for name, r in rows.items():
+        print(
+            f"{name:30s} {r['seconds']:8.2f} {r['share']:6.1%} {r['gflop']:7.1f} {r['gflops_per_s']:8.1f} "
+            f"{r['fraction_of_matmul_rate']:6.1%}"
+        )
+    print(f"{'whole step':30s} {seconds['step']:8.2f} {1:6.1%} {counted['step'] * scale / 1e9:7.1f}")
+    if args.out:
+        report = {
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "overrides": overrides,
+            "threads": args.threads,
+            "machine": describe_machine(args.threads),
+            "matmul_fp32_gflops": rate,
+            "batches": len(batches) - WARMUP,
+            "sentences": sentences,
+            "target_tokens": tokens,
+            "step_seconds": round(seconds["step"], 3),
+            "target_tokens_per_s": round(tokens / seconds["step"], 1),
+            "step_gflop": round(counted["step"] * scale / 1e9, 2),
+            "phases": rows,
+        }
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    with user_errors():  # a missing corpus or a bad override: one line, not a traceback
+        sys.exit(main())
