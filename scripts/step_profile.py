@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds["optimizer"] += optimizer_seconds[0]
         for name, fn in runs.items():
             seconds[name] += timed(fn)
-        if i == WARMUP:  # matmul FLOPs of one batch per phase, scaled by tokens below
-            counted = {"step": flops(phases.step), **{name: flops(fn) for name, fn in runs.items()}}
-            first_tokens = batch.n_tokens
+        counted["step"] += flops(phases.step)  # matmul FLOPs, counted in an untimed second run of each phase
+        for name, fn in runs.items():
+            counted[name] += flops(fn)
         sentences, tokens = sentences + len(indices), tokens + batch.n_tokens
     trainer.optimizer.zero_grad(set_to_none=True)
     rate = matmul_rate(args.threads, 3.0)["gflops"]
@@ -157,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
         "output+loss": seconds["output+loss"],
         "optimizer": seconds["optimizer"],
     }
-    scale = tokens / first_tokens  # FLOPs counted on the first timed batch, scaled to all of them by tokens
     phase_flops = {
         "encoder": counted["encoder"],
         "recurrence without attention": counted["step"]
@@ -170,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = {}
     for name in PHASES:
-        gflops = phase_flops[name] * scale / max(parts[name], 1e-9) / 1e9
+        gflops = phase_flops[name] / max(parts[name], 1e-9) / 1e9
         rows[name] = {
             "seconds": round(parts[name], 3),
             "share": round(parts[name] / seconds["step"], 3),
-            "gflop": round(phase_flops[name] * scale / 1e9, 2),
+            "gflop": round(phase_flops[name] / 1e9, 2),
             "gflops_per_s": round(gflops, 1),
             "fraction_of_matmul_rate": round(gflops / rate, 3),
         }
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:30s} {r['seconds']:8.2f} {r['share']:6.1%} {r['gflop']:7.1f} {r['gflops_per_s']:8.1f} "
             f"{r['fraction_of_matmul_rate']:6.1%}"
         )
-    print(f"{'whole step':30s} {seconds['step']:8.2f} {1:6.1%} {counted['step'] * scale / 1e9:7.1f}")
+    print(f"{'whole step':30s} {seconds['step']:8.2f} {1:6.1%} {counted['step'] / 1e9:7.1f}")
     if args.out:
         report = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -203,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             "target_tokens": tokens,
             "step_seconds": round(seconds["step"], 3),
             "target_tokens_per_s": round(tokens / seconds["step"], 1),
-            "step_gflop": round(counted["step"] * scale / 1e9, 2),
+            "step_gflop": round(counted["step"] / 1e9, 2),
             "phases": rows,
         }
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
