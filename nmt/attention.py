@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.choices import LuongScore, choice
+from nmt.energy import additive_energy
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -79,6 +80,9 @@ class NoAttention(Attention):
 class AdditiveAttention(Attention):
     """Bahdanau et al. (2015): score(s, h) = v^T tanh(W_s s + W_h h).
 
+    The energy is computed by nmt.energy in cache-sized pieces, in fp32, with a backward that recomputes
+    the tanh: the (B, T, S, A) tensor of the plain form is never built.
+
     Which decoder state is the query (the previous state s_{t-1}, as in the paper, or the current
     top state h_t, as in Luong's ordering) is chosen by the decoder (`attention.query`).
     """
@@ -91,11 +95,11 @@ class AdditiveAttention(Attention):
         self.v = nn.Linear(hidden, 1, bias=False)
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
-        return self.key_proj(states), states  # keys (B, S, A): once per sentence
+        return self.key_proj(states).float(), states  # keys (B, S, A) in fp32 (nmt.energy): once per sentence
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         q = self.query_proj(query)  # (B, T, A)
-        return self.v(torch.tanh(q[:, :, None, :] + keys[:, None, :, :])).squeeze(-1)  # (B, T, S)
+        return additive_energy(q, keys, self.v.weight.view(-1))  # (B, T, S) fp32, fused (nmt.energy)
 
 
 class LuongAttention(Attention):

@@ -1,0 +1,51 @@
+"""The fused additive energy (nmt.energy) computes the plain form's numbers and gradients."""
+
+import pytest
+import torch
+
+import nmt.energy as energy
+from nmt.energy import additive_energy
+
+
+def plain(q, keys, v):
+    return torch.tanh(q[:, :, None, :] + keys[:, None, :, :]) @ v  # (B, T, S)
+
+
+SHAPES = [(3, 1, 5, 7), (4, 6, 9, 8), (2, 3, 700, 600), (5, 1, 700, 600), (7, 2, 31, 16)]
+
+
+@pytest.mark.parametrize("B,T,S,A", SHAPES)
+@pytest.mark.parametrize("needs", [(True, True, True), (True, False, True), (False, True, False)])
+def test_energy_and_gradients_equal_the_plain_form(B, T, S, A, needs, monkeypatch):
+    monkeypatch.setattr(energy, "CHUNK_ELEMENTS", 4096)  # many pieces, uneven ones among them
+    g = torch.Generator().manual_seed(B * 1000 + S)
+    q, keys, v = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((B, T, A), (B, S, A), (A,)))
+    for x, need in zip((q, keys, v), needs, strict=True):
+        x.requires_grad_(need)
+    fused, ref = energy._AdditiveEnergy.apply(q, keys, v), plain(q, keys, v)
+    assert fused.shape == (B, T, S)
+    torch.testing.assert_close(fused, ref, rtol=0, atol=1e-12)
+    upstream = torch.randn(B, T, S, generator=g, dtype=torch.float64)
+    inputs = [x for x in (q, keys, v) if x.requires_grad]
+    ours, theirs = torch.autograd.grad(fused, inputs, upstream), torch.autograd.grad(ref, inputs, upstream)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((2, 3, 4), (2, 5, 4), (4,))]
+    assert torch.autograd.gradcheck(energy._AdditiveEnergy.apply, args)
+
+
+def test_fp32_under_bf16_autocast():
+    """Inputs in bf16 (as autocast's projections give them) are scored in fp32, as the plain fp32 form would."""
+    g = torch.Generator().manual_seed(1)
+    q, keys = torch.randn(4, 1, 32, generator=g), torch.randn(4, 11, 32, generator=g)
+    v = torch.randn(32, generator=g, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        scores = additive_energy(q.bfloat16(), keys.bfloat16(), v)
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, plain(q.bfloat16().float(), keys.bfloat16().float(), v), rtol=1e-6, atol=1e-6)
+    scores.sum().backward()
+    assert v.grad is not None and v.grad.dtype == torch.float32
