@@ -92,6 +92,8 @@ class Seq2Seq(nn.Module):
         """Encode and set up decoding: (encoder output, attention keys, values, initial decoder state)."""
         enc = self.encoder(src, lengths)
         keys, values = self.attention.prepare(enc.states, enc.summary)
+        if torch.is_autocast_enabled(src.device.type):  # values feed a matmul at every step: cast them once
+            values = values.to(torch.get_autocast_dtype(src.device.type))
         return enc, keys, values, self.decoder.init_state(enc)
 
     def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:

@@ -19,13 +19,29 @@ from torch import Tensor
 from nmt.model import Seq2Seq
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+LSE_ROWS = 64  # rows of logits converted to fp32 at a time for the log-normaliser: a few hundred KiB
 
-def _log_probs(logits: Tensor) -> Tensor:
-    """fp32 log-probabilities with padding and BOS ruled out (they are never outputs)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    logp[:, PAD_ID] = float("-inf")
-    logp[:, BOS_ID] = float("-inf")
-    return logp
+
+def _normaliser(logits: Tensor) -> Tensor:
+    """log sum_v exp(logits) per row, in fp32, from logits in any dtype: (N, V) -> (N,).
+
+    Rows are converted a few at a time, so the fp32 copy of the logits (tens of megabytes in beam search)
+    is never built."""
+    out = logits.new_empty(logits.size(0), dtype=torch.float32)
+    for r0 in range(0, logits.size(0), LSE_ROWS):
+        torch.logsumexp(logits[r0 : r0 + LSE_ROWS].float(), dim=-1, out=out[r0 : r0 + LSE_ROWS])
+    return out
+
+
+def _top_log_probs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k most likely outputs of every row and their fp32 log-probabilities: (N, V) -> (N, k), (N, k).
+
+    Padding and BOS are never outputs (they are ruled out; the normaliser is that of the full softmax)."""
+    lse = _normaliser(logits)  # (N,)
+    logits[:, PAD_ID] = float("-inf")
+    logits[:, BOS_ID] = float("-inf")
+    values, ids = logits.topk(k, dim=-1)  # (N, k): ranked on the logits, monotone in the log-probabilities
+    return values.float() - lse[:, None], ids
 
 
 @dataclass
@@ -63,8 +79,7 @@ def greedy(
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     for _ in range(max(limits)):
         logits, state, w = model.decoder.step(prev, state, keys, values, enc.mask, params)
-        logp = _log_probs(logits)  # (B, V)
-        best_logp, prev = logp.max(dim=-1)  # (B,)
+        best_logp, prev = (x[:, 0] for x in _top_log_probs(logits, 1))  # (B,)
         tokens.append(prev)
         logps.append(best_logp)
         weights.append(w.float())
@@ -122,7 +137,9 @@ def beam_search(
     The decoder state, the input-feed vector and the tokens of each beam are reordered together at
     every step; attention is kept per step with back-pointers. A sentence is done when it has
     `beam_size` finished hypotheses or reaches its maximum length (its live beams are then finished as
-    they are); done sentences leave the batch, so the steps get cheaper as sentences finish.
+    they are); done sentences leave the batch, a quarter of it at a time, so the steps get cheaper as
+    sentences finish. Candidates are ranked on the logits of each beam's 2K best continuations (the 2K best
+    of a sentence are among them), so no (beams x vocabulary) table of scores is built.
     """
     B, K, dev = src.size(0), beam_size, src.device
     if nbest > K:
@@ -145,16 +162,17 @@ def beam_search(
     trace = _AttentionTrace()
     finished: list[list[tuple[float, list[int], int, int]]] = [[] for _ in range(B)]  # (score, tokens, t, beam)
     in_top = torch.arange(2 * K, device=dev) < K
+    C = min(2 * K, model.decoder.output.out_features)  # continuations considered per beam
 
     for t in range(max(limits)):
         A = sentence.size(0)
         logits, state, w = model.decoder.step(prev, state, keys, values, mask, params)
         trace.weights.append(w)
-        V = logits.size(-1)
-        logp = _log_probs(logits).view(A, K, V)
-        cand = (scores[:, :, None] + logp).view(A, K * V)  # (A, K*V)
-        top_scores, top_ids = cand.topk(2 * K, dim=1)  # (A, 2K): enough to keep K alive besides EOS
-        origin, token = top_ids // V, top_ids % V  # (A, 2K)
+        # the 2K best candidates of a sentence are among the 2K best continuations of each of its beams
+        beam_logp, beam_ids = _top_log_probs(logits, C)  # (A*K, C)
+        cand = (scores[:, :, None] + beam_logp.view(A, K, C)).view(A, K * C)  # (A, K*C)
+        top_scores, top_pos = cand.topk(2 * K, dim=1)  # (A, 2K): enough to keep K alive besides EOS
+        origin, token = top_pos // C, beam_ids.view(A, K * C).gather(1, top_pos)  # (A, 2K)
         rows = (torch.arange(A, device=dev)[:, None] * K + origin).view(-1)  # (A*2K,) beam each candidate extends
         tok_now = torch.cat([history.index_select(0, rows), token.view(-1, 1)], dim=1)  # (A*2K, t+1)
         is_eos = token == EOS_ID
@@ -181,14 +199,18 @@ def beam_search(
         if not bool(active.any()):
             break
 
-        # live beams: the K best candidates that did not end, of the sentences still searching
+        # live beams: the K best candidates that did not end. A done sentence stays in the batch with
+        # scores of -inf (it can end nothing more) until a quarter of the batch is done; then all done
+        # sentences leave at once, so the keys and values are not copied at every step.
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         keep_scores, keep = live_scores.topk(K, dim=1)  # (A, K) positions within the 2K
-        kept = active.nonzero().squeeze(1)  # (A',)
+        keep_scores = keep_scores.masked_fill(~active[:, None], float("-inf"))
+        compact = 4 * int((~active).sum()) >= A
+        kept = active.nonzero().squeeze(1) if compact else torch.arange(A, device=dev)  # (A',)
         chosen = (kept[:, None] * 2 * K + keep.index_select(0, kept)).view(-1)  # (A'*K,)
         beam_rows = rows.index_select(0, chosen)  # the beam (numbered at step t) each survivor extends
         trace.parents.append(beam_rows)
-        if len(kept) < A:  # some sentences are done: drop their rows
+        if compact:  # the done sentences leave: their rows go
             sentence, limit_t, n_finished = (x.index_select(0, kept) for x in (sentence, limit_t, n_finished))
             keys, values, mask = (x.index_select(0, beam_rows) for x in (keys, values, mask))
         scores = keep_scores.index_select(0, kept)
