@@ -11,7 +11,7 @@ from torch import Tensor
 
 from nmt.tokenizer import PAD_ID
 
-LOSS_CHUNK_ROWS = 2048  # target tokens per piece when the loss is computed without gradients
+LOSS_CHUNK_ROWS = 16  # target tokens per piece: an fp32 piece of the logits (512 KiB at 8k pieces) stays in cache
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -19,20 +19,29 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     loss_n = (1 - eps) * (lse_n - x_n[y_n]) + eps * (lse_n - mean_v x_n[v]), lse_n = logsumexp_v x_n[v],
     the same value as F.cross_entropy(..., label_smoothing=eps, reduction="sum"). Written out because its
-    gradient is one expression, softmax(x) - (1 - eps) onehot(y) - eps / V, computed in place in two passes
-    over the (N, V) logits, where autograd's log_softmax/nll path takes about twice as many (a third of the
-    loss's time in a bf16 training step on a CPU). Everything is fp32, whatever the dtype of the logits.
+    gradient is one expression, softmax(x) - (1 - eps) onehot(y) - eps / V, computed in place, where
+    autograd's log_softmax/nll path takes about twice as many passes over the logits. Both directions work
+    through the logits LOSS_CHUNK_ROWS rows at a time: each piece is converted to fp32 in a small buffer
+    that stays in cache, so no fp32 copy of the (N, V) logits (tens of megabytes, written to fresh pages)
+    is ever made. Everything is computed in fp32, whatever the dtype of the logits.
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, eps: float) -> Tensor:
         real = target != PAD_ID  # (N,)
-        x = logits.float()
-        lse = torch.logsumexp(x, dim=-1)  # (N,)
-        picked = x.gather(1, target[:, None]).squeeze(1)  # (N,)
+        N, V = logits.shape
+        lse, picked = logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
+        mean = logits.new_empty(N, dtype=torch.float32) if eps else None
+        for r0 in range(0, N, LOSS_CHUNK_ROWS):
+            r1 = min(N, r0 + LOSS_CHUNK_ROWS)
+            x = logits[r0:r1].float()  # (rows, V)
+            torch.logsumexp(x, dim=-1, out=lse[r0:r1])
+            torch.gather(x, 1, target[r0:r1, None], out=picked[r0:r1, None])
+            if eps:
+                torch.mean(x, dim=-1, out=mean[r0:r1])
         loss = (1 - eps) * (lse - picked)
         if eps:
-            loss = loss + eps * (lse - x.mean(dim=-1))
+            loss = loss + eps * (lse - mean)
         ctx.save_for_backward(logits, target, lse, real)
         ctx.eps = eps
         return loss.masked_fill(~real, 0.0).sum()
@@ -40,14 +49,18 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         logits, target, lse, real = ctx.saved_tensors
-        eps, V = ctx.eps, logits.size(-1)
-        g = logits.to(torch.float32, copy=True)  # a new tensor even for fp32 logits: it is changed in place
-        g.sub_(lse[:, None]).exp_()  # softmax
-        if eps:
-            g.sub_(eps / V)
-        g.scatter_add_(1, target[:, None], g.new_full((len(target), 1), -(1 - eps)))
-        g.mul_((grad * real)[:, None])
-        return g.to(logits.dtype), None, None
+        eps, (N, V) = ctx.eps, logits.shape
+        scale = grad * real  # (N,)
+        out = torch.empty_like(logits)
+        for r0 in range(0, N, LOSS_CHUNK_ROWS):
+            r1 = min(N, r0 + LOSS_CHUNK_ROWS)
+            g = logits[r0:r1].to(torch.float32, copy=True)  # (rows, V): changed in place below
+            g.sub_(lse[r0:r1, None]).exp_()  # softmax
+            if eps:
+                g.sub_(eps / V)
+            g.scatter_add_(1, target[r0:r1, None], g.new_full((r1 - r0, 1), -(1 - eps)))
+            out[r0:r1] = g.mul_(scale[r0:r1, None])
+        return out, None, None
 
 
 def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, int]:
@@ -59,8 +72,4 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     V = logits.size(-1)
     logits, target = logits.reshape(-1, V), target.reshape(-1)
     n_real = int((target != PAD_ID).sum())
-    if torch.is_grad_enabled():
-        return _SmoothedCrossEntropy.apply(logits, target, float(label_smoothing)), n_real
-    # no gradient (validation): a few thousand rows at a time, so the fp32 temporaries stay small
-    chunks = zip(logits.split(LOSS_CHUNK_ROWS), target.split(LOSS_CHUNK_ROWS), strict=True)
-    return sum(_SmoothedCrossEntropy.apply(x, y, float(label_smoothing)) for x, y in chunks), n_real
+    return _SmoothedCrossEntropy.apply(logits, target, float(label_smoothing)), n_real

@@ -797,10 +797,13 @@ def test_real_config_real_batches(attention, bible, bible_data_dir):
     assert eval_loss() < before
 
 
+@pytest.mark.parametrize("rows", [8, 64])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, monkeypatch):
-    """The written-out smoothed cross-entropy: F.cross_entropy's value and gradient; no-grad pieces sum alike."""
+def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, rows, monkeypatch):
+    """The written-out smoothed cross-entropy, computed in pieces of `rows` (8: 7 uneven pieces):
+    F.cross_entropy's value and gradient, with and without autograd."""
+    monkeypatch.setattr("nmt.loss.LOSS_CHUNK_ROWS", rows)
     logits = (torch.randn(50, 30) * 3).to(dtype).requires_grad_()
     target = torch.randint(0, 30, (50,))
     target[::7] = PAD_ID
@@ -813,8 +816,8 @@ def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, monkeypat
     )
     expected.backward()
     assert n == int((target != PAD_ID).sum())
+    assert ours.dtype == dtype
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(ours.float(), logits.grad.float(), rtol=1e-2, atol=1e-6)
-    monkeypatch.setattr("nmt.loss.LOSS_CHUNK_ROWS", 8)  # 7 pieces
     with torch.no_grad():
         torch.testing.assert_close(token_loss(logits, target, eps)[0], expected.detach(), rtol=1e-5, atol=1e-4)
