@@ -142,7 +142,7 @@ def test_tiny_run_writes_the_expected_json(tiny):
         "mean_tgt_pieces",
     )
     positive(report["model"], "parameters")
-    assert len(report["floors"]) == 4
+    assert len(report["floors"]) == 5
 
 
 def test_peers_side_by_side_and_a_failing_peer(tiny):
