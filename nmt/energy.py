@@ -71,8 +71,8 @@ class _AdditiveEnergy(torch.autograd.Function):
         S = keys.size(1)
         need_q, need_k, need_v = ctx.needs_input_grad
         grad = grad.contiguous()
-        grad_q = torch.zeros_like(q) if need_q else None
-        grad_k = torch.zeros_like(keys) if need_k else None
+        grad_q = torch.empty_like(q) if need_q else None  # every piece writes its own block
+        grad_k = (torch.empty_like(keys) if T == 1 else torch.zeros_like(keys)) if need_k else None  # T > 1: sums
         grad_v = torch.zeros_like(v) if need_v else None
         buf = q.new_empty(min(B * T * S * A, max(CHUNK_ELEMENTS, S * A)))
         gk_buf = buf.new_empty(buf.numel()) if T > 1 or not need_k else None

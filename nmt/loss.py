@@ -54,8 +54,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         out = torch.empty_like(logits)
         for r0 in range(0, N, LOSS_CHUNK_ROWS):
             r1 = min(N, r0 + LOSS_CHUNK_ROWS)
-            g = logits[r0:r1].to(torch.float32, copy=True)  # (rows, V): changed in place below
-            g.sub_(lse[r0:r1, None]).exp_()  # softmax
+            g = torch.sub(logits[r0:r1], lse[r0:r1, None]).exp_()  # (rows, V) fp32: the softmax
             if eps:
                 g.sub_(eps / V)
             g.scatter_add_(1, target[r0:r1, None], g.new_full((r1 - r0, 1), -(1 - eps)))
