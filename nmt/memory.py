@@ -8,7 +8,7 @@ around long-lived allocations (README, "Performance" names the measurements). Th
 
 - THP_MEM_ALLOC_ENABLE=1: torch gives tensors of 2 MiB and more transparent huge pages (fewer page faults
   and TLB misses when large tensors are allocated afresh);
-- ONEDNN_PRIMITIVE_CACHE_CAPACITY=32 (oneDNN's default is 1024): fewer cached bf16 kernels, each of
+- ONEDNN_PRIMITIVE_CACHE_CAPACITY=256 (oneDNN's default is 1024): fewer cached bf16 kernels, each of
   which pins memory in the middle of the heap;
 - glibc's mmap threshold fixed at 4 MiB (glibc otherwise raises it up to 32 MiB as the program runs):
   tensors above it are mapped on their own and returned to the system when freed.
@@ -25,7 +25,7 @@ import ctypes
 import os
 import sys
 
-ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32"}
+ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}
 MMAP_THRESHOLD = 4 * 1024 * 1024  # bytes
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
 
