@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
-from nmt.device import run_lstm
+from nmt.device import autocast_dtype, run_lstm
 from nmt.encoder import EncoderOutput
 from nmt.lstm import LayerParams, layer_params, lstm_step
 from nmt.stepweight import StepWeight
@@ -111,7 +111,7 @@ class Decoder(nn.Module):
         """The parameters used at every step, arranged once per batch (and cast once, not once per step,
         to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.lstm.layer_params)
         and W_c."""
-        dtype = _autocast_dtype(device)
+        dtype = autocast_dtype(device.type)
         return StepParams(
             layer_params(self.rnn, self.embed.embedding_dim, dtype), StepWeight.of(self.combine.weight, dtype)
         )
@@ -172,11 +172,6 @@ class Decoder(nn.Module):
             all_weights.append(weights)
         attn_h = torch.stack(outputs, dim=1)  # (B, T, H)
         return self.output(attn_h), torch.stack(all_weights, dim=1)  # (B, T, V), (B, T, S)
-
-
-def _autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype autocast computes matmuls in on `device`, or None outside autocast."""
-    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

@@ -22,6 +22,13 @@ def resolve_device(name: str, option: str = "device=") -> str:
     return name
 
 
+def autocast_dtype(device_type: str):
+    """The dtype autocast computes matmuls in on `device_type` ("cpu", "cuda"), or None outside autocast."""
+    import torch
+
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
 @cache
 def native_bf16(device_type: str) -> bool:
     """Whether `device_type` computes bf16 matmuls in hardware: CUDA GPUs from Ampere on, and CPUs with

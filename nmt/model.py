@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from nmt.attention import build_attention
 from nmt.choices import Bridge, Query
 from nmt.decoder import Decoder, DecoderState
+from nmt.device import autocast_dtype
 from nmt.encoder import Encoder, EncoderOutput
 
 MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the code
@@ -92,8 +93,9 @@ class Seq2Seq(nn.Module):
         """Encode and set up decoding: (encoder output, attention keys, values, initial decoder state)."""
         enc = self.encoder(src, lengths)
         keys, values = self.attention.prepare(enc.states, enc.summary)
-        if torch.is_autocast_enabled(src.device.type):  # values feed a matmul at every step: cast them once
-            values = values.to(torch.get_autocast_dtype(src.device.type))
+        dtype = autocast_dtype(src.device.type)
+        if dtype is not None:  # values feed a matmul at every step: cast them once, not once per step
+            values = values.to(dtype)
         return enc, keys, values, self.decoder.init_state(enc)
 
     def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:

@@ -36,7 +36,8 @@ def _normaliser(logits: Tensor) -> Tensor:
 def _top_log_probs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The k most likely outputs of every row and their fp32 log-probabilities: (N, V) -> (N, k), (N, k).
 
-    Padding and BOS are never outputs (they are ruled out; the normaliser is that of the full softmax)."""
+    Padding and BOS are never outputs: they are set to -inf in `logits` itself (the caller's fresh step
+    output), after the normaliser, which is that of the full softmax, is taken."""
     lse = _normaliser(logits)  # (N,)
     logits[:, PAD_ID] = float("-inf")
     logits[:, BOS_ID] = float("-inf")

@@ -535,7 +535,7 @@ def floors(report: dict) -> list[dict]:
         ),
         row(
             "beam-5 decode seconds (whole process) <= 0.5 x OpenNMT-py",
-            ours.get("process_s_beam5"),
+            ours["process_s_beam5"],
             beam_process_s and round(0.5 * beam_process_s, 2),
             False,
             basis,

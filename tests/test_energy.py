@@ -46,6 +46,7 @@ def test_fp32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         scores = additive_energy(q.bfloat16(), keys.bfloat16(), v)
     assert scores.dtype == torch.float32
-    torch.testing.assert_close(scores, plain(q.bfloat16().float(), keys.bfloat16().float(), v), rtol=1e-6, atol=1e-6)
+    expected = plain(q.bfloat16().float(), keys.bfloat16().float(), v)  # fp32; bf16 would be ~1e-2 off
+    torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)  # summation order differs by CPU kind
     scores.sum().backward()
     assert v.grad is not None and v.grad.dtype == torch.float32
