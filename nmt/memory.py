@@ -1,22 +1,27 @@
-"""Process-wide CPU memory settings that keep a long training run's resident memory flat.
+"""Process-wide CPU memory settings: resident memory that stays bounded in training, speed in decoding.
 
 Training batches come in many shapes (exact-length source buckets, varying target lengths), so every
 step allocates and frees tensors of sizes the last step never used. With glibc's defaults, and with
 oneDNN caching a compiled kernel ("primitive") for each new matmul shape, a 12-minute run on the
 multi30k_deen preset grew to over 4 GiB resident while only ~0.9 GiB was in use: the heap fragmented
-around long-lived allocations (README, "Performance" names the measurements). Three settings bound it:
+around long-lived allocations (README, "Performance" names the measurements). The settings:
 
 - THP_MEM_ALLOC_ENABLE=1: torch gives tensors of 2 MiB and more transparent huge pages (fewer page faults
   and TLB misses when large tensors are allocated afresh);
 - ONEDNN_PRIMITIVE_CACHE_CAPACITY=256 (oneDNN's default is 1024): fewer cached bf16 kernels, each of
   which pins memory in the middle of the heap;
-- glibc's mmap threshold fixed at 4 MiB (glibc otherwise raises it up to 32 MiB as the program runs):
-  tensors above it are mapped on their own and returned to the system when freed.
+- glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
+  the program runs): tensors of 32 MiB and more are mapped on their own and returned when freed, smaller
+  ones reuse the heap's pages. A lower threshold keeps less memory (4 MiB: about 0.4 GiB less on the
+  multi30k_deen preset) but every tensor above it is new memory whose pages fault in as they are written,
+  which cost 11% of the training speed when measured (README, "Where the memory went").
 
 The first two are read by torch and oneDNN when they start, so `tune_allocator()` must run before torch
-is imported; the command-line entry points call it first (nmt/cli/__init__.py). Each setting is a
-default: a variable already in the environment wins (`MALLOC_MMAP_THRESHOLD_` for the third), and
-`NMT_TUNE_ALLOCATOR=0` (or off, false, no) leaves all three alone. This module must not import torch.
+is imported; the command-line entry points call it first (nmt/cli/__init__.py). Processes that only
+decode then call `tune_for_decoding()`, which raises both glibc thresholds further. Each setting is a
+default: a variable already in the environment wins (`MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_`
+for the glibc ones), and `NMT_TUNE_ALLOCATOR=0` (or off, false, no) leaves everything alone. This module
+must not import torch.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import os
 import sys
 
 ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"}
-MMAP_THRESHOLD = 4 * 1024 * 1024  # bytes
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+MIB = 1024 * 1024
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * MIB, 64 * MIB  # bytes, training (and every entry point until it decodes)
+DECODE_MMAP_THRESHOLD, DECODE_TRIM_THRESHOLD = 256 * MIB, 1024 * MIB  # bytes, processes that only decode
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers in glibc's malloc.h
 
 _applied: dict[str, str] = {}  # what tune_allocator() set, so child processes can be given the user's environment
 _tuned = False
@@ -36,7 +43,7 @@ _tuned = False
 def tune_allocator() -> dict[str, str]:
     """Apply the settings above (once per process); the environment variables and malloc options it set."""
     global _tuned
-    if _tuned or os.environ.get("NMT_TUNE_ALLOCATOR", "1").strip().lower() in ("0", "false", "no", "off"):
+    if _tuned or _switched_off():
         return dict(_applied)
     _tuned = True
     torch_loaded = "torch" in sys.modules
@@ -44,11 +51,42 @@ def tune_allocator() -> dict[str, str]:
         if key not in os.environ and not torch_loaded:  # too late once torch has started: say nothing
             os.environ[key] = value
             _applied[key] = value
-    libc = glibc()
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ and libc is not None:
-        if libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1:
-            _applied["malloc mmap threshold"] = str(MMAP_THRESHOLD)
+    _set_malloc("", MMAP_THRESHOLD, TRIM_THRESHOLD)
     return dict(_applied)
+
+
+def tune_for_decoding() -> dict[str, str]:
+    """Decoding's glibc settings, for processes that only decode (nmt-translate, nmt-evaluate, nmt-serve):
+    the mmap threshold at DECODE_MMAP_THRESHOLD and the trim threshold at DECODE_TRIM_THRESHOLD.
+
+    Search allocates tensors of tens of megabytes at every step (gates and logits of a whole batch of
+    beams); mapped on their own, each is new memory whose pages fault in as they are first written, which
+    cost about a third of beam-5 decoding time on the machine measured (README, "Performance"). From the
+    heap they reuse the pages of the step before. A decoding process is short or holds one model, so the
+    training-time concern (a heap fragmenting over hours) does not apply. Can be called at any time; the
+    same variables and switch as tune_allocator's leave it alone. Returns what it set."""
+    if _switched_off():
+        return {}
+    return _set_malloc("decoding: ", DECODE_MMAP_THRESHOLD, DECODE_TRIM_THRESHOLD)
+
+
+def _set_malloc(prefix: str, mmap_threshold: int, trim_threshold: int) -> dict[str, str]:
+    """glibc's two thresholds through mallopt, each unless its environment variable is set; what it set."""
+    applied: dict[str, str] = {}
+    libc = glibc()
+    if libc is None:
+        return applied
+    for variable, name, param, value in (
+        ("MALLOC_MMAP_THRESHOLD_", "malloc mmap threshold", _M_MMAP_THRESHOLD, mmap_threshold),
+        ("MALLOC_TRIM_THRESHOLD_", "malloc trim threshold", _M_TRIM_THRESHOLD, trim_threshold),
+    ):
+        if variable not in os.environ and libc.mallopt(param, value) == 1:
+            applied[prefix + name] = _applied[prefix + name] = str(value)
+    return applied
+
+
+def _switched_off() -> bool:
+    return os.environ.get("NMT_TUNE_ALLOCATOR", "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def untuned_environment() -> dict[str, str]:

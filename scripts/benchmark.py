@@ -66,7 +66,7 @@ from nmt.cli.common import (
 )
 from nmt.data import PreparedData, padding_overhead
 from nmt.device import describe_machine, matmul_rate, resolve_device
-from nmt.memory import tune_allocator, untuned_environment
+from nmt.memory import tune_allocator, tune_for_decoding, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig
 from nmt.trainer import Trainer, TrainerHook
@@ -358,8 +358,11 @@ def decode(
     checkpoint: Path, sources: list[str], references: list[str], beam: int, device: str, threads: int, work: Path
 ) -> dict:
     """Decode-only time in this process and whole-process time of nmt-translate, with BLEU of both outputs;
-    then decode-only again in fp32 (amp=off) when the default precision is bf16, for comparison."""
+    then decode-only again in fp32 (amp=off) when the default precision is bf16, for comparison. This process
+    takes nmt-translate's allocator settings first (nmt.memory.tune_for_decoding): training is over."""
+    allocator = tune_for_decoding()
     result, hyps = decode_only(checkpoint, sources, references, beam, device)
+    result["allocator"] = allocator
     (work / f"test_b{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
 
     src_file, out_file = work / "test.src", work / f"test_b{beam}.process.hyp"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from nmt.memory import ENV_DEFAULTS
+from nmt.memory import ENV_DEFAULTS, MMAP_THRESHOLD, TRIM_THRESHOLD
 
 PROBE = """
 import json, os
@@ -40,13 +40,14 @@ def test_entry_points_set_the_defaults_and_children_get_the_users_environment():
     assert out["env"] == ENV_DEFAULTS
     assert out["child"] == {k: None for k in ENV_DEFAULTS}  # peers and other programs start untouched
     if sys.platform == "linux" and os.confstr("CS_GNU_LIBC_VERSION"):
-        assert out["applied"]["malloc mmap threshold"] == str(4 * 1024 * 1024)
+        assert out["applied"]["malloc mmap threshold"] == str(MMAP_THRESHOLD)
+        assert out["applied"]["malloc trim threshold"] == str(TRIM_THRESHOLD)
 
 
 def test_the_users_values_win():
     out = probe(ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024", MALLOC_MMAP_THRESHOLD_="131072")
     assert out["env"] == {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
-    assert set(out["applied"]) == {"THP_MEM_ALLOC_ENABLE"}  # the glibc setting was left to the user's variable
+    assert set(out["applied"]) == {"THP_MEM_ALLOC_ENABLE", "malloc trim threshold"}  # mmap: the user's variable
     assert out["child"]["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"  # the user's own value is passed on
 
 
@@ -54,3 +55,63 @@ def test_the_users_values_win():
 def test_the_switch_leaves_everything_alone(off):
     out = probe(NMT_TUNE_ALLOCATOR=off)
     assert out["applied"] == {} and out["env"] == {k: None for k in ENV_DEFAULTS}
+
+
+DECODING_PROBE = """
+import ctypes, json
+import nmt.cli
+from nmt.memory import glibc, tune_for_decoding
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+libc = glibc()
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = MallInfo2
+
+def mapped_alone(size=64 << 20):  # is a block of `size` bytes mapped on its own (not taken from the heap)?
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(size)
+    alone = libc.mallinfo2().hblkhd - before >= size
+    libc.free(block)
+    return alone
+
+training = mapped_alone()
+applied = tune_for_decoding()
+print(json.dumps({"training": training, "decoding": mapped_alone(), "applied": applied}))
+"""
+
+
+def decoding_probe(**env: str) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("NMT_TUNE_ALLOCATOR", "MALLOC_MMAP_THRESHOLD_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", DECODING_PROBE], capture_output=True, text=True, timeout=120, env={**base, **env}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+glibc_only = pytest.mark.skipif(
+    sys.platform != "linux" or not hasattr(os, "confstr") or not os.confstr("CS_GNU_LIBC_VERSION"),
+    reason="the allocator settings are glibc's",
+)
+
+
+@glibc_only
+def test_decoding_takes_large_blocks_from_the_heap():
+    # training maps a 64 MiB block on its own (returned when freed); the decoding commands reuse heap pages
+    out = decoding_probe()
+    assert out["training"] and not out["decoding"]
+    assert set(out["applied"]) == {"decoding: malloc mmap threshold", "decoding: malloc trim threshold"}
+
+
+@glibc_only
+def test_decoding_settings_leave_the_users_choice_alone():
+    out = decoding_probe(MALLOC_MMAP_THRESHOLD_=str(1 << 20))
+    assert out["training"] and out["decoding"]  # the user's 1 MiB threshold still maps the block on its own
+    assert set(out["applied"]) == {"decoding: malloc trim threshold"}
+    off = decoding_probe(NMT_TUNE_ALLOCATOR="0")
+    assert off["applied"] == {}

@@ -74,7 +74,9 @@ def run(cfg: DictConfig) -> dict:
 @hydra.main(config_path=CONFIG_DIR, config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from nmt.evaluation import format_report
+    from nmt.memory import tune_for_decoding
 
+    tune_for_decoding()  # this process only decodes (nmt/memory.py)
     with user_errors():
         print(format_report(run(cfg)))
 

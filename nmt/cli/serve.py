@@ -197,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     # the reply reports cut sources as notes; the Translator's own warning ("line 1: ...") would only repeat it
     logging.getLogger("nmt.translator").setLevel(logging.ERROR)
     from nmt.errors import command_errors
+    from nmt.memory import tune_for_decoding
 
+    tune_for_decoding()  # this process only decodes (nmt/memory.py)
     with command_errors("nmt-serve"):
         serve(args)
 

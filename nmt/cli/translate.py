@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(format="nmt-translate: warning: %(message)s", level=logging.WARNING)
     from nmt.errors import command_errors
+    from nmt.memory import tune_for_decoding
+
+    tune_for_decoding()  # this process only decodes (nmt/memory.py)
 
     try:
         with command_errors("nmt-translate"):
