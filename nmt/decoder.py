@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
 from nmt.device import autocast_dtype, run_lstm
+from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.lstm import LayerParams, layer_params, lstm_step
 from nmt.stepweight import StepWeight
@@ -72,8 +73,8 @@ class Decoder(nn.Module):
         self.num_layers, self.hidden_size, self.encoder_layers = num_layers, hidden_size, encoder_layers
         self.attention = attention
         self.embed = nn.Embedding(vocab_size, embed_size, padding_idx=PAD_ID)
-        self.dropout = nn.Dropout(dropout)
-        self.layer_dropout = nn.Dropout(dropout if num_layers > 1 else 0.0)  # between stacked layers
+        self.dropout = Dropout(dropout)
+        self.layer_dropout = Dropout(dropout if num_layers > 1 else 0.0)  # between stacked layers
         rnn_input = embed_size + (hidden_size if input_feeding else 0) + (encoder_size if query == "previous" else 0)
         self.rnn = nn.LSTM(
             rnn_input, hidden_size, num_layers=num_layers, batch_first=True, dropout=dropout if num_layers > 1 else 0.0

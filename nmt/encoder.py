@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.device import run_lstm
+from nmt.dropout import Dropout
 from nmt.tokenizer import PAD_ID
 
 
@@ -40,7 +41,7 @@ class Encoder(nn.Module):
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embed_size, padding_idx=PAD_ID)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rnn = nn.LSTM(
             embed_size,
             hidden_size,
