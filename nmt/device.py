@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from functools import cache
+from typing import TYPE_CHECKING
 
 from nmt.choices import Amp, choice
 from nmt.errors import ConfigError
+
+if TYPE_CHECKING:  # torch is imported inside the functions that use it
+    import torch
 
 
 def resolve_device(name: str, option: str = "device=") -> str:
@@ -22,7 +26,7 @@ def resolve_device(name: str, option: str = "device=") -> str:
     return name
 
 
-def autocast_dtype(device_type: str):
+def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The dtype autocast computes matmuls in on `device_type` ("cpu", "cuda"), or None outside autocast."""
     import torch
 

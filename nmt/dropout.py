@@ -14,6 +14,7 @@ this is F.dropout.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -27,9 +28,7 @@ _FIELDS = slice(0, 3) if sys.byteorder == "little" else slice(1, 4)  # the three
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype) -> Tensor:
     """A CPU tensor of `shape`: 1 / (1 - p) where an element is kept, 0 where it is dropped (probability p,
     rounded to a multiple of 1 / 65536)."""
-    n = 1
-    for size in shape:
-        n *= size
+    n = math.prod(shape)
     words = torch.empty((n + 2) // 3, dtype=torch.int64).random_()  # each: 63 random bits, [0, 2^63)
     fields = words.view(torch.int16).view(-1, 4)[:, _FIELDS].reshape(-1)[:n]  # n uniforms in [-2^15, 2^15)
     threshold = round(p * FIELD) - FIELD // 2

@@ -17,7 +17,6 @@ MiB; the peak is ru_maxrss, which includes data preparation.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import resource
@@ -33,7 +32,7 @@ import torch
 
 from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.device import resolve_device
-from nmt.memory import glibc, tune_allocator
+from nmt.memory import heap_bytes, tune_allocator
 from nmt.trainer import TrainerHook
 
 MIB = 2**20
@@ -48,35 +47,13 @@ ENVIRONMENT = (
 )
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
 def heap_reader():
     """A function returning (in use, free, mapped) heap MiB, or None where glibc's mallinfo2 is missing."""
-    libc = glibc()
-    mallinfo2 = getattr(libc, "mallinfo2", None)  # glibc >= 2.33
-    if mallinfo2 is None:
+    if heap_bytes() is None:
         return None
-    mallinfo2.restype = _MallInfo2
 
     def read() -> tuple[float, float, float]:
-        info = mallinfo2()
-        return info.uordblks / MIB, info.fordblks / MIB, info.hblkhd / MIB
+        return tuple(n / MIB for n in heap_bytes())
 
     return read
 

@@ -65,25 +65,19 @@ def test_the_switch_leaves_everything_alone(off):
 DECODING_PROBE = """
 import ctypes, json
 import nmt.cli
-from nmt.memory import glibc, tune_for_decoding
+from nmt.memory import glibc, heap_bytes, tune_for_decoding
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-libc = glibc()
-if not hasattr(libc, "mallinfo2"):  # glibc < 2.33
+if heap_bytes() is None:  # glibc < 2.33
     print(json.dumps({"skip": "glibc has no mallinfo2"}))
     raise SystemExit
+libc = glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-libc.mallinfo2.restype = MallInfo2
 
 def mapped_alone(size=64 << 20):  # is a block of `size` bytes mapped on its own (not taken from the heap)?
-    before = libc.mallinfo2().hblkhd
+    before = heap_bytes()[2]
     block = libc.malloc(size)
-    alone = libc.mallinfo2().hblkhd - before >= size
+    alone = heap_bytes()[2] - before >= size
     libc.free(block)
     return alone
 
