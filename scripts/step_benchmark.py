@@ -19,17 +19,15 @@ Variants (trainer.amp / trainer.bucketing / model.input_feeding):
 
 Each variant builds the model from the same seed, warms up for 3 batches and then times --steps optimizer
 steps (forward, loss, backward, clipping, Adam) of the first batches of epoch 0, without validation or
-logging, with the corpus and model frozen out of Python's cyclic garbage collector as nmt-train does
-(`--no-gc-freeze` leaves the collector alone, to see what that buys). It prints sentences/s, target
-tokens/s and the tokens/s ratio to the first variant run (the two bucketings cut different batches, so their
-first batches hold different numbers of sentences: compare tokens/s); --out writes JSON.
+logging. It prints sentences/s, target tokens/s and the tokens/s ratio to the first variant run (the two
+bucketings cut different batches, so their first batches hold different numbers of sentences: compare tokens/s);
+--out writes JSON.
 This measures steps only; scripts/benchmark.py measures whole runs, decoding and BLEU.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import tempfile
@@ -71,11 +69,6 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="the Multi30k raw files (data.root); '' when an override picks another corpus",
     )
     p.add_argument("--out", help="also write the results as JSON to this file")
-    p.add_argument(
-        "--no-gc-freeze",
-        action="store_true",
-        help="do not gc.freeze() before timing (nmt-train freezes what is alive when training starts)",
-    )
     args = p.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -85,15 +78,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     return args, overrides
 
 
-def time_variant(cfg, data, steps: int, work: Path, freeze: bool = True) -> dict:
+def time_variant(cfg, data, steps: int, work: Path) -> dict:
     """Sentences/s and target tokens/s over `steps` optimizer steps after a short warm-up, with the model,
     optimizer, batches and autocast of the Trainer that nmt-train would build from `cfg`."""
     trainer = build_run(cfg, work, "cpu", data)
     model, optimizer, tcfg = trainer.module.train(), trainer.optimizer, trainer.cfg
     split = trainer.train_split  # epoch 0's examples: verse windows when data.window > 1
     batches = trainer.sampler.batches(0)[: WARMUP + steps]
-    if freeze:
-        gc.freeze()  # as Trainer.train does
     sentences = tokens = 0
     start = 0.0
     for i, indices in enumerate(batches):
@@ -110,8 +101,6 @@ def time_variant(cfg, data, steps: int, work: Path, freeze: bool = True) -> dict
         if i >= WARMUP:
             sentences, tokens = sentences + len(indices), tokens + n
     seconds = time.perf_counter() - start
-    if freeze:
-        gc.unfreeze()
     return {
         "amp": tcfg.amp,
         "bucketing": tcfg.bucketing,
@@ -145,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':20s} {'sent/s':>8s} {'tok/s':>8s} {'ratio':>6s}")
     work = Path(tempfile.mkdtemp(prefix="nmt-steps-"))  # the Trainers' run directory (nothing is written)
     for name in names:
-        r = time_variant(configs[name], data, args.steps, work, freeze=not args.no_gc_freeze)
+        r = time_variant(configs[name], data, args.steps, work)
         first = first or r["target_tokens_per_s"]
         r["ratio"] = round(r["target_tokens_per_s"] / first, 3)  # tokens, not sentences: batches differ by bucketing
         results[name] = r
@@ -154,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "threads": args.threads,
-            "gc_freeze": not args.no_gc_freeze,
             "overrides": overrides,
             "torch": torch.__version__,
             "machine": describe_machine(args.threads),
