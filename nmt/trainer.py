@@ -15,7 +15,6 @@ share of each global batch; all ranks validate (identically) and only rank 0 wri
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import math
@@ -267,14 +266,9 @@ class Trainer:
         if self.is_main:
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
         handlers = self._install_signal_handlers()
-        # Everything alive now (corpus, vocabulary, model, config) lives as long as training: move it out of
-        # the cyclic garbage collector's view, so that the collections the autograd graphs set off at every
-        # step do not walk it all again (README, "What makes it fast"). Handed back after training.
-        gc.freeze()
         try:
             reason = self._loop()
         finally:
-            gc.unfreeze()
             for sig, old in handlers.items():
                 signal.signal(sig, old)
         summary = self._finish(reason)
