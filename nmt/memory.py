@@ -9,10 +9,10 @@ around long-lived allocations (README, "Performance" names the measurements). Th
 - THP_MEM_ALLOC_ENABLE=1: torch gives tensors of 2 MiB and more transparent huge pages (fewer page faults
   and TLB misses when large tensors are allocated afresh);
 - ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 (oneDNN's own default, pinned here): room for the compiled bf16
-  matmul kernels of the shapes that training keeps meeting. Each new shape (a batch of a new size) costs a
-  kernel compilation of about 2.5 ms on an AMX CPU; a cache of 256 (this setting until 2026-12-01) kept
-  recompiling evicted kernels, about 45 ms of a 340 ms step, for about 0.25 GiB less memory (README,
-  "Where the memory went");
+  kernels of the matmul shapes that training keeps meeting. Each new shape costs a compilation of about
+  2.5 ms on an AMX CPU; a cache of 256 (this setting until 2026-12-01) compiled evicted kernels again when
+  their batch shapes came back, about 29 ms of every training step (13% of the step speed, measured), for
+  0.8 GiB less peak memory in the 12-minute benchmark (README, "The compiled-kernel cache");
 - glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
   the program runs): tensors of 32 MiB and more are mapped on their own and returned when freed, smaller
   ones reuse the heap's pages. A lower threshold keeps less memory (4 MiB: about 0.4 GiB less on the

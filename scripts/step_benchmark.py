@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -43,6 +44,7 @@ from nmt.cli.common import build_run, compose_config, load_data, user_errors
 from nmt.data import collate
 from nmt.device import describe_machine
 from nmt.loss import token_loss
+from nmt.memory import ENV_DEFAULTS, tune_allocator
 
 VARIANTS = {  # name: (amp, bucketing, input_feeding)
     "fp32-sorted": ("off", "sorted", True),
@@ -146,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             "overrides": overrides,
             "torch": torch.__version__,
             "machine": describe_machine(args.threads),
+            "allocator": tune_allocator(),  # what nmt/memory.py set (the user's variables win)
+            "environment": {k: os.environ.get(k) for k in (*ENV_DEFAULTS, "NMT_TUNE_ALLOCATOR")},
             "results": results,
         }
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
