@@ -10,7 +10,7 @@ around long-lived allocations (README, "Performance" names the measurements). Th
   and TLB misses when large tensors are allocated afresh);
 - ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 (oneDNN's own default, pinned here): room for the compiled bf16
   kernels of the matmul shapes that training keeps meeting. Each new shape costs a compilation of about
-  2.5 ms on an AMX CPU; a cache of 256 (this setting until 2026-12-01) compiled evicted kernels again when
+  2.6 ms on an AMX CPU; a cache of 256 (this setting until 2026-12-01) compiled evicted kernels again when
   their batch shapes came back, about 29 ms of every training step (13% of the step speed, measured), for
   0.8 GiB less peak memory in the 12-minute benchmark (README, "The compiled-kernel cache");
 - glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
