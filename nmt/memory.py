@@ -34,6 +34,8 @@ import os
 import sys
 
 ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+# every variable the settings read (a value already in the environment wins; the switch turns them all off)
+VARIABLES = (*ENV_DEFAULTS, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "NMT_TUNE_ALLOCATOR")
 MIB = 1024 * 1024
 MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * MIB, 64 * MIB  # bytes, training (and every entry point until it decodes)
 DECODE_MMAP_THRESHOLD, DECODE_TRIM_THRESHOLD = 256 * MIB, 1024 * MIB  # bytes, processes that only decode

@@ -32,19 +32,13 @@ import torch
 
 from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.device import resolve_device
-from nmt.memory import heap_bytes, tune_allocator
+from nmt.memory import VARIABLES, heap_bytes, tune_allocator
 from nmt.trainer import TrainerHook
 
 MIB = 2**20
 PRESET = ["experiment=multi30k_deen"]  # scripts/benchmark.py's
 TINY = ["experiment=quick", "data.train_size=400", "data.valid_size=20", "data.test_size=20"]  # seconds
-ENVIRONMENT = (
-    "NMT_TUNE_ALLOCATOR",
-    "THP_MEM_ALLOC_ENABLE",
-    "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-    "MALLOC_MMAP_THRESHOLD_",
-    "OMP_NUM_THREADS",
-)
+ENVIRONMENT = (*VARIABLES, "OMP_NUM_THREADS")  # recorded in the JSON as they were
 
 
 def heap_reader():

@@ -44,7 +44,7 @@ from nmt.cli.common import build_run, compose_config, load_data, user_errors
 from nmt.data import collate
 from nmt.device import describe_machine
 from nmt.loss import token_loss
-from nmt.memory import ENV_DEFAULTS, tune_allocator
+from nmt.memory import VARIABLES, tune_allocator
 
 VARIANTS = {  # name: (amp, bucketing, input_feeding)
     "fp32-sorted": ("off", "sorted", True),
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__,
             "machine": describe_machine(args.threads),
             "allocator": tune_allocator(),  # what nmt/memory.py set (the user's variables win)
-            "environment": {k: os.environ.get(k) for k in (*ENV_DEFAULTS, "NMT_TUNE_ALLOCATOR")},
+            "environment": {k: os.environ.get(k) for k in VARIABLES},
             "results": results,
         }
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from nmt.memory import ENV_DEFAULTS, MMAP_THRESHOLD, TRIM_THRESHOLD
+from nmt.memory import ENV_DEFAULTS, MMAP_THRESHOLD, TRIM_THRESHOLD, VARIABLES
 
 PROBE = """
 import json, os
@@ -28,8 +28,7 @@ print(json.dumps({"applied": _applied, "env": {k: os.environ.get(k) for k in key
 
 def clean_env() -> dict[str, str]:
     """This environment without the variables the settings read (a user's own would change the outcome)."""
-    skip = (*ENV_DEFAULTS, "NMT_TUNE_ALLOCATOR", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-    return {k: v for k, v in os.environ.items() if k not in skip}
+    return {k: v for k, v in os.environ.items() if k not in VARIABLES}
 
 
 def probe(**env: str) -> dict:
