@@ -154,16 +154,33 @@ class Decoder(nn.Module):
         return self.output(attn_h), state, weights
 
     def forward(
+        self,
+        tgt_in: Tensor,
+        state: DecoderState,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        rows: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher forcing: tgt_in (B, T) -> (logits (B, T, V), weights (B, T, S)).
+
+        With `rows` (N,), flat indices into the B x T positions (nmt.loss.loss_rows), the output layer runs
+        on those positions only and the logits are (N, V), in the order of `rows`."""
+        attn_h, weights = self._attentional_states(tgt_in, state, keys, values, mask)  # (B, T, H), (B, T, S)
+        if rows is not None:
+            attn_h = attn_h.reshape(-1, attn_h.size(-1)).index_select(0, rows)  # (N, H)
+        return self.output(attn_h), weights
+
+    def _attentional_states(
         self, tgt_in: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """Teacher forcing: tgt_in (B, T) -> (logits (B, T, V), weights (B, T, S))."""
+        """h~_t for every step, teacher-forced: tgt_in (B, T) -> (h~ (B, T, H), weights (B, T, S))."""
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         if self.query == "current" and not self.input_feeding:
             # no step depends on the previous step's attention: one LSTM call, then attend everywhere at once
             out, _ = run_lstm(self.rnn, emb, (state.h, state.c))  # (B, T, H)
             context, weights = self.attention(out, keys, values, mask)  # (B, T, D), (B, T, S)
-            attn_h = self.dropout(torch.tanh(self.combine(torch.cat([context, out], dim=-1))))  # (B, T, H)
-            return self.output(attn_h), weights
+            return self.dropout(torch.tanh(self.combine(torch.cat([context, out], dim=-1)))), weights  # (B, T, H)
         params = self.step_params(tgt_in.device)
         state = _fp32_cells(state)
         outputs, all_weights = [], []
@@ -171,8 +188,7 @@ class Decoder(nn.Module):
             attn_h, state, weights = self._step(x0, state, keys, values, mask, params)
             outputs.append(attn_h)
             all_weights.append(weights)
-        attn_h = torch.stack(outputs, dim=1)  # (B, T, H)
-        return self.output(attn_h), torch.stack(all_weights, dim=1)  # (B, T, V), (B, T, S)
+        return torch.stack(outputs, dim=1), torch.stack(all_weights, dim=1)  # (B, T, H), (B, T, S)
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

@@ -2,6 +2,16 @@
 
 loss_sum, n_tokens = token_loss(logits, batch.tgt_out, label_smoothing=0.1)   # logits (B, T, V)
 (loss_sum / n_tokens).backward()
+
+Training skips the padded target positions before the output layer (the largest matmuls of a step and the
+loss's passes over V): rows = loss_rows(batch.tgt_out) lists the positions to score, and
+
+    logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in, rows)        # (N, V)
+    loss_sum, n_tokens = token_loss(logits, batch.tgt_out.reshape(-1)[rows], 0.1)
+
+gives the same loss. N is the real tokens rounded up to a multiple of LOSS_ROW_MULTIPLE with padded
+positions (which the loss ignores), so that batches share a few row counts: on a CPU with bf16 hardware
+every new matmul shape costs a kernel compilation (nmt/memory.py).
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from torch import Tensor
 
 from nmt.tokenizer import PAD_ID
 
+LOSS_ROW_MULTIPLE = 64  # loss_rows: row counts rounded up to this (a few shapes rather than one per batch)
 LOSS_CHUNK_ROWS = 16  # target tokens per piece: an fp32 piece of the logits (512 KiB at 8k pieces) stays in cache
 
 
@@ -72,3 +83,13 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     logits, target = logits.reshape(-1, V), target.reshape(-1)
     n_real = int((target != PAD_ID).sum())
     return _SmoothedCrossEntropy.apply(logits, target, float(label_smoothing)), n_real
+
+
+def loss_rows(target: Tensor, multiple: int = LOSS_ROW_MULTIPLE) -> Tensor:
+    """Flat indices (N,) into `target` (B, T), ascending: every real token, then padded positions (the first
+    ones) until N is a multiple of `multiple`, or all B x T positions if there are not that many."""
+    flat = target.reshape(-1)
+    padding = (flat == PAD_ID).to(torch.int8)
+    n_real = flat.numel() - int(padding.sum())
+    n = min(flat.numel(), -(-n_real // multiple) * multiple)
+    return torch.argsort(padding, stable=True)[:n].sort().values

@@ -8,11 +8,12 @@ around long-lived allocations (README, "Performance" names the measurements). Th
 
 - THP_MEM_ALLOC_ENABLE=1: torch gives tensors of 2 MiB and more transparent huge pages (fewer page faults
   and TLB misses when large tensors are allocated afresh);
-- ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024 (oneDNN's own default, pinned here): room for the compiled bf16
-  kernels of the matmul shapes that training keeps meeting. Each new shape costs a compilation of about
-  2.6 ms on an AMX CPU; a cache of 256 (this setting until 2026-12-01) compiled evicted kernels again when
-  their batch shapes came back, about 29 ms of every training step (13% of the step speed, measured), for
-  0.8 GiB less peak memory in the 12-minute benchmark (README, "The compiled-kernel cache");
+- ONEDNN_PRIMITIVE_CACHE_CAPACITY=4096: room for every compiled bf16 kernel that training meets. Each new
+  matmul shape costs a compilation of about 2.6 ms on an AMX CPU, and one epoch of the multi30k_deen
+  preset meets about 2,100 (exact-length batches have many shapes). With a smaller cache, kernels evicted
+  by other shapes are compiled again when their batch comes back: 1,024 (oneDNN's default; this setting
+  until 2026-12-01) trained 7% slower over three epochs, 256 (the setting before) slower again (README,
+  "The compiled-kernel cache");
 - glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
   the program runs): tensors of 32 MiB and more are mapped on their own and returned when freed, smaller
   ones reuse the heap's pages. A lower threshold keeps less memory (4 MiB: about 0.4 GiB less on the
@@ -33,7 +34,7 @@ import ctypes
 import os
 import sys
 
-ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}
+ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096"}
 # every variable the settings read (a value already in the environment wins; the switch turns them all off)
 VARIABLES = (*ENV_DEFAULTS, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "NMT_TUNE_ALLOCATOR")
 MIB = 1024 * 1024

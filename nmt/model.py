@@ -3,7 +3,8 @@
     model = Seq2Seq(ModelConfig(...), src_vocab=8000, tgt_vocab=8000)
     logits, weights = model(batch.src, batch.src_lengths, batch.tgt_in)   # (B, T, V), (B, T, S)
 
-The loss is nmt.loss.token_loss.
+The loss is nmt.loss.token_loss; training passes `rows=loss_rows(batch.tgt_out)` so that the output layer
+and the loss skip most padded target positions.
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ class Seq2Seq(nn.Module):
             values = values.to(dtype)
         return enc, keys, values, self.decoder.init_state(enc)
 
-    def forward(self, src: Tensor, lengths: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """Teacher-forced logits (B, T, V) and attention weights (B, T, S)."""
+    def forward(
+        self, src: Tensor, lengths: Tensor, tgt_in: Tensor, rows: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher-forced logits (B, T, V) and attention weights (B, T, S); with `rows` (N,) the logits of
+        those flat target positions only, (N, V) (nmt.loss.loss_rows: the loss's positions)."""
         enc, keys, values, state = self.encode(src, lengths)
-        return self.decoder(tgt_in, state, keys, values, enc.mask)
+        return self.decoder(tgt_in, state, keys, values, enc.mask, rows)

@@ -36,7 +36,7 @@ from nmt.choices import Amp, Bucketing, Metric, Optimizer, Schedule, choice
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
 from nmt.device import use_bf16
 from nmt.errors import CheckpointError, NMTError
-from nmt.loss import token_loss
+from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
 from nmt.validation import evaluate_split
@@ -408,9 +408,10 @@ class Trainer:
             if self.device.type == "cuda":
                 batch = batch.pin_memory()
             batch = batch.to(self.device, non_blocking=True)
+            rows = loss_rows(batch.tgt_out)  # the real target positions (and a few padded ones): (N,)
             with self.autocast():
-                logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in)
-            loss_sum, n = token_loss(logits, batch.tgt_out, self.cfg.label_smoothing)
+                logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, rows)  # (N, V)
+            loss_sum, n = token_loss(logits, batch.tgt_out.reshape(-1)[rows], self.cfg.label_smoothing)
             # DDP averages gradients over ranks; scaling by world_size makes that a sum over the global batch
             (loss_sum * self.world_size / total_tokens).backward()
             loss_total += loss_sum.detach()

@@ -40,7 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.data import collate
 from nmt.device import describe_machine, matmul_rate
-from nmt.loss import token_loss
+from nmt.loss import loss_rows, token_loss
 
 WARMUP = 3
 PHASES = ("encoder", "recurrence without attention", "attention", "output+loss", "optimizer")
@@ -77,10 +77,12 @@ class Phases:
             enc, keys, values, state = self.model.encode(batch.src, batch.src_lengths)
         captured = {}
         hook = decoder.output.register_forward_pre_hook(lambda _m, args: captured.update(h=args[0]))
+        self.rows = loss_rows(batch.tgt_out)  # the target positions scored, as the Trainer does
+        self.target = batch.tgt_out.reshape(-1)[self.rows]  # (N,)
         with torch.no_grad():
-            self.model(batch.src, batch.src_lengths, batch.tgt_in)
+            self.model(batch.src, batch.src_lengths, batch.tgt_in, self.rows)
         hook.remove()
-        self.decoder_out = captured["h"].detach()  # (B, T, H): what the output layer reads
+        self.decoder_out = captured["h"].detach()  # (N, H): what the output layer reads
         self.keys, self.values, self.mask = keys.detach(), values.detach(), enc.mask
         B, T = batch.tgt_in.shape
         stepwise = decoder.query == "previous" or decoder.input_feeding
@@ -91,8 +93,8 @@ class Phases:
         """The Trainer's step; returns the optimizer's part of its time."""
         t, model, b = self.trainer, self.model, self.batch
         t.optimizer.zero_grad(set_to_none=True)
-        logits, _ = model(b.src, b.src_lengths, b.tgt_in)
-        loss, n = token_loss(logits, b.tgt_out, t.cfg.label_smoothing)
+        logits, _ = model(b.src, b.src_lengths, b.tgt_in, self.rows)
+        loss, n = token_loss(logits, self.target, t.cfg.label_smoothing)
         (loss / n).backward()
         return timed(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), t.cfg.clip_norm), t.optimizer.step()))
 
@@ -110,7 +112,7 @@ class Phases:
 
     def output_loss(self) -> None:
         h = self.decoder_out.clone().requires_grad_()
-        loss, n = token_loss(self.model.decoder.output(h), self.batch.tgt_out, self.trainer.cfg.label_smoothing)
+        loss, n = token_loss(self.model.decoder.output(h), self.target, self.trainer.cfg.label_smoothing)
         (loss / n).backward()
 
 

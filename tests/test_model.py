@@ -34,7 +34,7 @@ from nmt.cli.schema import schema_of
 from nmt.data import TokenizerSettings, collate
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
-from nmt.loss import token_loss
+from nmt.loss import loss_rows, token_loss
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.tokenizer import BOS_ID, PAD_ID
 from nmt.trainer import OptimConfig, TrainerConfig
@@ -585,6 +585,36 @@ def test_label_smoothing_raises_the_loss_of_a_confident_correct_prediction():
     smoothed, _ = token_loss(logits, target, 0.1)
     assert plain < 1e-3
     assert smoothed > plain + 0.1
+
+
+@pytest.mark.parametrize("multiple", [1, 4, 64])
+def test_loss_rows_are_the_real_tokens_and_a_few_padded_ones(multiple):
+    target = make_batch([2, 2, 2, 2], [1, 7, 3, 6])[3]  # 17 real tokens of 28 positions
+    rows = loss_rows(target, multiple)
+    flat = target.reshape(-1)
+    assert (rows[1:] > rows[:-1]).all()  # ascending, each position once
+    assert set(torch.nonzero(flat != PAD_ID)[:, 0].tolist()) <= set(rows.tolist())
+    assert len(rows) == (17 if multiple == 1 else 20 if multiple == 4 else 28)  # 64 > 28: every position
+    assert (flat[rows] == PAD_ID).sum() == len(rows) - 17
+
+
+@pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
+def test_training_on_loss_rows_gives_the_full_loss_and_gradients(input_feeding):
+    model = make_model("bahdanau", input_feeding=input_feeding)
+    src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2, 5], [3, 2, 5, 1])
+    rows = loss_rows(tgt_out, 4)
+    logits, _ = model(src, lengths, tgt_in, rows)
+    assert logits.shape == (len(rows), TGT_VOCAB) == (12, TGT_VOCAB)
+    loss, n = token_loss(logits, tgt_out.reshape(-1)[rows], 0.1)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    full, n_full = token_loss(model(src, lengths, tgt_in)[0], tgt_out, 0.1)
+    full.backward()
+    assert n == n_full == 11
+    torch.testing.assert_close(loss, full)
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(grads[k], p.grad, msg=k)
 
 
 # ---------------------------------------------------------------------------------------- configs
