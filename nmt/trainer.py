@@ -145,7 +145,7 @@ class Trainer:
                 min_lr=optim.min_lr,
             )
         self._split_epoch: int | None = None
-        self._use_epoch(0)
+        self.use_epoch(0)
         bf16 = use_bf16(config.amp, self.device.type, "trainer.amp")
         self.amp = "bf16" if bf16 else "off"  # resolved
         log.info(
@@ -368,7 +368,7 @@ class Trainer:
         dist.all_reduce(t)
         return bool(t.item())
 
-    def _use_epoch(self, epoch: int) -> None:
+    def use_epoch(self, epoch: int) -> None:
         """Set the training examples (new verse windows each epoch, else always the same) and their sampler."""
         if self._split_epoch is not None and (self.data.corpus.window <= 1 or self._split_epoch == epoch):
             return
@@ -386,7 +386,7 @@ class Trainer:
 
     def _groups(self, epoch: int) -> list[list[list[int]]]:
         """This rank's batches of `epoch`, grouped `accumulate` at a time, with each group's global target tokens."""
-        self._use_epoch(epoch)
+        self.use_epoch(epoch)
         local = self.sampler.batches(epoch)
         glob = self.sampler.global_batches(epoch) if self.world_size > 1 else local
         n = self.cfg.accumulate

@@ -89,7 +89,7 @@ def time_variant(cfg, data, steps: int, work: Path) -> dict:
     model, optimizer, tcfg = trainer.module.train(), trainer.optimizer, trainer.cfg
     batches, epoch = [], 0  # epoch 0's batches, then epoch 1's, ...: as in training, shapes come back
     while len(batches) < WARMUP + steps:
-        trainer._use_epoch(epoch)  # that epoch's examples (new verse windows when data.window > 1)
+        trainer.use_epoch(epoch)  # that epoch's examples (new verse windows when data.window > 1)
         batches += [(trainer.train_split, b) for b in trainer.sampler.batches(epoch)]
         epoch += 1
     batches = batches[: WARMUP + steps]
