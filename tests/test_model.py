@@ -612,9 +612,11 @@ def test_training_on_loss_rows_gives_the_full_loss_and_gradients(input_feeding):
     full, n_full = token_loss(model(src, lengths, tgt_in)[0], tgt_out, 0.1)
     full.backward()
     assert n == n_full == 11
-    torch.testing.assert_close(loss, full)
+    # fp32 throughout; the output layer's weight gradient sums over 12 rows here and 20 (8 of them zero) there,
+    # which a CPU's matmul kernels may add up in another order: a margin above rounding, far below any real error
+    torch.testing.assert_close(loss, full, rtol=1e-5, atol=1e-5)
     for k, p in model.named_parameters():
-        torch.testing.assert_close(grads[k], p.grad, msg=k)
+        torch.testing.assert_close(grads[k], p.grad, rtol=1e-4, atol=1e-6, msg=k)
 
 
 # ---------------------------------------------------------------------------------------- configs
