@@ -323,6 +323,30 @@ def test_encoder_summary_is_fwd_at_last_real_token_and_bwd_at_first():
         assert (out.states[b, n:] == 0).all(), "encoder states are zero on padding"
 
 
+@pytest.mark.parametrize("lengths", [[5, 7, 5, 2], [7, 1, 6, 2, 5, 3, 4, 7, 1]], ids=["3 lengths", "7 lengths"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_encoder_by_length_groups_gives_the_packed_lstm_result(monkeypatch, lengths, layers):
+    """A padded batch on a CPU runs the unpacked LSTM once per source length: the same states, final states
+    and gradients as the packed LSTM over the whole batch (other kernels: fp32 rounding apart)."""
+    import nmt.encoder
+
+    enc = Encoder(SRC_VOCAB, EMBED, ENC_HIDDEN, num_layers=layers, bidirectional=True)
+    src, src_lengths, _, _ = make_batch(lengths, [1] * len(lengths))
+    results = []
+    for groups in (len(set(lengths)), 1):  # by length groups, then packed (more lengths than allowed)
+        monkeypatch.setattr(nmt.encoder, "MAX_LENGTH_GROUPS", groups)
+        enc.zero_grad()
+        out = enc(src, src_lengths)
+        (out.states.pow(2).sum() + out.final_h.sum() + out.final_c.pow(2).sum()).backward()
+        results.append((out, {n: p.grad.clone() for n, p in enc.named_parameters()}))
+    (grouped, grouped_grads), (packed, packed_grads) = results
+    for name in ("states", "final_h", "final_c"):
+        torch.testing.assert_close(getattr(grouped, name), getattr(packed, name), rtol=1e-4, atol=1e-6, msg=name)
+    assert (grouped.states[~grouped.mask] == 0).all(), "encoder states are zero on padding"
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_none_context_is_the_encoder_summary_in_the_model():
     model = make_model("none").eval()
     src, lengths, tgt_in, _ = make_batch([4, 7, 2], [3, 2, 5])
