@@ -3,6 +3,7 @@
 Every attention is used the same way by the decoder:
 
     keys, values = attention.prepare(states, summary)       # once per sentence
+    keys, values = attention.for_steps(keys, values, dtype)  # training, when called once per decoder step
     context, weights = attention(query, keys, values, mask)  # every decoder step (or all steps at once)
 
 Shapes (one alphabet everywhere): B batch, S source length, T target steps, Q query size,
@@ -15,7 +16,9 @@ D encoder state size (2 x hidden for a biLSTM), A attention size.
 
 Masking happens in fp32 (-inf before the softmax), so padding gets exactly zero weight even under
 bf16 autocast. Keys that do not depend on the query (W_h h) are projected once in `prepare`, returned,
-and passed back in: no per-batch state is ever stored on a module.
+and passed back in: no per-batch state is ever stored on a module. `for_steps` wraps them for a training
+loop that calls the attention once per step (nmt.stepweight.StepMatrix, nmt.energy.StepKeys), so that
+their gradients are summed once over the steps rather than formed in full at every step.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from nmt.choices import LuongScore, choice
-from nmt.energy import additive_energy
+from nmt.energy import StepKeys, additive_energy
+from nmt.stepweight import StepMatrix, bmm
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -48,9 +52,15 @@ class Attention(nn.Module):
         """(keys, values) for this batch of sentences; by default the states themselves."""
         return states, states
 
+    def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
+        """(keys, values) for a training loop that calls `forward` once per decoder step (under autocast to
+        `dtype`, if not None): the values' gradient is then one bmm over all steps (StepMatrix); subclasses
+        that score with a matmul or the additive energy hand their keys over too."""
+        return keys, StepMatrix.of(values, dtype)
+
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         weights = masked_softmax(self.score(query, keys), mask)  # (B, T, S) fp32
-        context = torch.bmm(weights.to(values.dtype), values)  # (B, T, D)
+        context = bmm(weights, values)  # (B, T, D)
         return context, weights
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
@@ -70,6 +80,9 @@ class NoAttention(Attention):
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
         vector = summary[:, None, :]  # (B, 1, D)
         return vector, vector
+
+    def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+        return keys, values  # the vector is expanded, not multiplied: autograd's sum is already one addition
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         B, T, S = query.size(0), query.size(1), mask.size(1)
@@ -96,6 +109,9 @@ class AdditiveAttention(Attention):
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
         return self.key_proj(states).float(), states  # keys (B, S, A) in fp32 (nmt.energy): once per sentence
+
+    def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
+        return StepKeys.of(keys), StepMatrix.of(values, dtype)
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         q = self.query_proj(query)  # (B, T, A)
@@ -127,10 +143,15 @@ class LuongAttention(Attention):
             return self.additive.prepare(states, summary)
         return states, states
 
+    def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
+        if self.score_name == "concat":
+            return self.additive.for_steps(keys, values, dtype)
+        return StepMatrix.of(keys, dtype, transpose=True), StepMatrix.of(values, dtype)
+
     def score(self, query: Tensor, keys: Tensor) -> Tensor:
         if self.score_name == "concat":
             return self.additive.score(query, keys)
-        return torch.bmm(query, keys.transpose(1, 2))  # (B, T, S)
+        return bmm(query, keys, transpose=True)  # (B, T, S)
 
 
 class MultiHeadAttention(Attention):
@@ -164,6 +185,9 @@ class MultiHeadAttention(Attention):
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
         return self._split(self.k_proj(states)), self._split(self.v_proj(states))
+
+    def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+        return keys, values  # (B, heads, S, d_k): left to autograd
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = query.shape
@@ -202,10 +226,13 @@ class LocalAttention(Attention):
         positions = torch.arange(mask.size(1), device=query.device, dtype=torch.float32)  # (S,)
         distance = positions[None, None, :] - centre[:, :, None]  # (B, T, S)
         sigma = self.window / 2
-        scores = torch.bmm(query, keys.transpose(1, 2)).float() - distance.pow(2) / (2 * sigma**2)
+        scores = bmm(query, keys, transpose=True).float() - distance.pow(2) / (2 * sigma**2)
         in_window = (distance.abs() <= self.window) & mask[:, None, :]  # the nearest token is always inside
         weights = torch.softmax(scores.masked_fill(~in_window, float("-inf")), dim=-1)  # (B, T, S)
-        return torch.bmm(weights.to(values.dtype), values), weights
+        return bmm(weights, values), weights
+
+    def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
+        return StepMatrix.of(keys, dtype, transpose=True), StepMatrix.of(values, dtype)
 
 
 ATTENTIONS: dict[str, type[Attention]] = {

@@ -182,6 +182,7 @@ class Decoder(nn.Module):
             context, weights = self.attention(out, keys, values, mask)  # (B, T, D), (B, T, S)
             return self.dropout(torch.tanh(self.combine(torch.cat([context, out], dim=-1)))), weights  # (B, T, H)
         params = self.step_params(tgt_in.device)
+        keys, values = self.attention.for_steps(keys, values, autocast_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
         outputs, all_weights = [], []
         for x0 in self._inputs(emb, params).unbind(1):  # (B, 4H) per step; unbind: one backward for all steps

@@ -1,23 +1,53 @@
-"""Weights used at every step of a loop, with their gradient computed once over all steps.
+"""Weights (and batches of matrices) used at every step of a loop, with their gradient computed once over all steps.
 
 Autograd forms one full weight gradient per use and adds them up: for a decoder step x_t W^T that is a
 (out, in) matmul and a (out, in) addition per step. The sum over steps, sum_t g_t^T x_t, is G^T X over the
-stacked steps: one matmul. `StepWeight.of(weight)` hands the weight to the loop through _SharedWeight,
+stacked steps: one matmul. `StepWeight.of(weight)` hands the weight to the loop through `share`,
 each step's product goes through _StepLinear (input gradient only; it records (x_t, g_t)), and
-_SharedWeight's backward, which autograd runs after every step's, does the one matmul.
+the shared tensor's backward, which autograd runs after every step's, does the one matmul.
 
     w = StepWeight.of(self.combine.weight, dtype)   # once per batch (cast once under autocast)
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
+
+The attention's values (and the keys of the matmul scores) are the same for a batch of matrices, one per
+sentence: `StepMatrix.of(values, dtype)` hands them to the steps, each step's a_t M records (a_t, g_t), and the
+gradient is one bmm over the stacked steps, A^T G, instead of one (B, S, D) outer product and addition per step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+class _Shared(torch.autograd.Function):
+    """Hands a tensor to every step of a loop whose steps record what its gradient needs; the backward, which
+    autograd runs after every step's, adds `total()` (that gradient formed at once, or None) to the rest."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, total: Callable[[], Tensor | None]) -> Tensor:
+        ctx.total = total
+        ctx.set_materialize_grads(False)
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None):
+        total = ctx.total()
+        if total is not None:
+            grad = total if grad is None else grad + total
+        return grad, None
+
+
+def share(tensor: Tensor, total: Callable[[], Tensor | None]) -> Tensor:
+    """`tensor` for the steps of a loop (an alias), whose gradient from those steps is `total()`, called once
+    after every step's backward (nmt.energy.StepKeys uses it too)."""
+    return _Shared.apply(tensor, total)
 
 
 class _Steps:
@@ -27,33 +57,30 @@ class _Steps:
         self.inputs: list[Tensor] = []
         self.grads: list[Tensor] = []
 
+    def _take(self) -> tuple[Tensor, Tensor]:
+        inputs, grads = self.inputs, self.grads
+        self.inputs, self.grads = [], []
+        return inputs, grads
 
-class _SharedWeight(torch.autograd.Function):
-    """Hands a weight to every step of the decoder loop and computes its gradient once, as one matmul.
+    def weight_gradient(self) -> Tensor | None:
+        """sum_t g_t^T x_t = G^T X over the stacked steps (out, in): one matmul, where autograd would form and
+        add up one full weight gradient per step (a (4H, 2H) matmul and addition per step)."""
+        if not self.grads:
+            return None
+        inputs, grads = self._take()
+        return torch.cat(grads).t().mm(torch.cat(inputs))
 
-    Autograd would otherwise form and add up one full weight gradient per step (a (4H, 2H) matmul and
-    add per step); sum_t g_t^T x_t = G^T X over the stacked steps is the same sum, in one call.
-    """
-
-    @staticmethod
-    def forward(ctx, weight: Tensor, steps: _Steps) -> Tensor:
-        ctx.steps = steps
-        ctx.set_materialize_grads(False)
-        return weight.view_as(weight)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor | None):
-        steps = ctx.steps
-        if steps.grads:
-            total = torch.cat(steps.grads).t().mm(torch.cat(steps.inputs))  # (out, in)
-            grad = total if grad is None else grad + total
-            steps.inputs.clear()
-            steps.grads.clear()
-        return grad, None
+    def matrix_gradient(self, transpose: bool) -> Tensor | None:
+        """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps."""
+        if not self.grads:
+            return None
+        inputs, grads = self._take()
+        a, g = torch.cat(inputs, dim=1), torch.cat(grads, dim=1)  # (B, T, X), (B, T, Y)
+        return torch.bmm(g.transpose(1, 2), a) if transpose else torch.bmm(a.transpose(1, 2), g)
 
 
 class _StepLinear(torch.autograd.Function):
-    """x W^T for one step; its weight gradient is left to _SharedWeight (only the input gradient here)."""
+    """x W^T for one step; its weight gradient is left to _Steps.weight_gradient (only the input gradient here)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, steps: _Steps) -> Tensor:
@@ -70,7 +97,7 @@ class _StepLinear(torch.autograd.Function):
 
 
 class StepWeight(NamedTuple):
-    """A weight used at every decoder step (see _SharedWeight); plain F.linear when no gradient is needed."""
+    """A weight used at every decoder step (see _Steps.weight_gradient); plain F.linear when no gradient is needed."""
 
     weight: Tensor
     steps: _Steps | None
@@ -81,10 +108,61 @@ class StepWeight(NamedTuple):
         if not (torch.is_grad_enabled() and weight.requires_grad):
             return cls(weight, None)
         steps = _Steps()
-        return cls(_SharedWeight.apply(weight, steps), steps)
+        return cls(share(weight, steps.weight_gradient), steps)
 
     def __call__(self, x: Tensor) -> Tensor:
         x = x.to(self.weight.dtype)
         if self.steps is None:
             return F.linear(x, self.weight)
         return _StepLinear.apply(x, self.weight, self.steps)
+
+
+class _StepBmm(torch.autograd.Function):
+    """a_t M (or a_t M^T) for one step; M's gradient is left to _Steps.matrix_gradient (only a_t's here)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, matrix: Tensor, steps: _Steps, transpose: bool) -> Tensor:
+        ctx.save_for_backward(a, matrix)
+        ctx.steps, ctx.transpose = steps, transpose
+        with torch.autocast(a.device.type, enabled=False):  # the operands already share StepMatrix's dtype
+            return torch.bmm(a, matrix.transpose(1, 2) if transpose else matrix)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        a, matrix = ctx.saved_tensors
+        ctx.steps.inputs.append(a)
+        ctx.steps.grads.append(grad)
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        return torch.bmm(grad, matrix if ctx.transpose else matrix.transpose(1, 2)), None, None, None
+
+
+class StepMatrix(NamedTuple):
+    """A batch of matrices (B, X, Y) multiplied at every decoder step, a_t M, or a_t M^T with `transpose`:
+    the attention's values (context = weights x values) and, for the matmul scores, its keys."""
+
+    matrix: Tensor
+    steps: _Steps
+    transpose: bool
+
+    @classmethod
+    def of(cls, matrix: Tensor, dtype: torch.dtype | None, transpose: bool = False) -> Tensor | StepMatrix:
+        """`matrix` for the steps of one batch (cast once to the autocast `dtype`); the plain tensor when no
+        gradient is needed."""
+        matrix = matrix if dtype is None else matrix.to(dtype)
+        if not (torch.is_grad_enabled() and matrix.requires_grad):
+            return matrix
+        steps = _Steps()
+        return cls(share(matrix, partial(steps.matrix_gradient, transpose)), steps, transpose)
+
+    def __call__(self, a: Tensor) -> Tensor:
+        return _StepBmm.apply(a.to(self.matrix.dtype), self.matrix, self.steps, self.transpose)
+
+
+def bmm(a: Tensor, matrix: Tensor | StepMatrix, transpose: bool = False) -> Tensor:
+    """a M, or a M^T with `transpose`: (B, T, X) x (B, X, Y) -> (B, T, Y), through StepMatrix when M is one."""
+    if isinstance(matrix, StepMatrix):
+        if matrix.transpose != transpose:
+            raise ValueError("a StepMatrix is multiplied the way it was made for (transpose or not)")
+        return matrix(a)
+    return torch.bmm(a.to(matrix.dtype), matrix.transpose(1, 2) if transpose else matrix)

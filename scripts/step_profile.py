@@ -9,9 +9,10 @@ Where a training step's time goes, phase by phase, on the batches nmt-train woul
 Each of --steps batches (after 3 warm-up batches) is timed five ways, each forward and backward:
     step         the whole optimizer step, as the Trainer takes it (forward, loss, backward, clip, Adam)
     encoder      Seq2Seq.encode alone (embeddings, biLSTM, the attention's keys, the bridge)
-    attention    the attention module alone, called as the decoder calls it (once per target step when
-                 the query is the previous state or input feeding is on; once for all steps otherwise)
-    output+loss  the output layer over the decoder's outputs and the label-smoothed loss
+    attention    the attention module alone, called as the decoder calls it (once per target step, keys and
+                 values through `for_steps`, when the query is the previous state or input feeding is on;
+                 once for all steps otherwise)
+    output+loss  the output layer over the scored target positions and the label-smoothed loss
     optimizer    gradient clipping and the Adam step (timed inside `step`)
 and the decoder recurrence is the rest: step - encoder - output+loss - optimizer, of which the attention's
 share is reported apart ("recurrence without attention" = LSTM steps, W_c, dropout, concatenations). Phases
@@ -104,6 +105,8 @@ class Phases:
 
     def attention(self) -> None:
         keys, values = self.keys.clone().requires_grad_(), self.values.clone().requires_grad_()
+        if len(self.queries) > 1:  # once per step, as the decoder's loop calls it
+            keys, values = self.model.attention.for_steps(keys, values, None)
         total = 0
         for q in self.queries:
             context, _ = self.model.attention(q.requires_grad_(), keys, values, self.mask)

@@ -22,7 +22,7 @@ def test_energy_and_gradients_equal_the_plain_form(B, T, S, A, needs, monkeypatc
     q, keys, v = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((B, T, A), (B, S, A), (A,)))
     for x, need in zip((q, keys, v), needs, strict=True):
         x.requires_grad_(need)
-    fused, ref = energy._AdditiveEnergy.apply(q, keys, v), plain(q, keys, v)
+    fused, ref = energy._AdditiveEnergy.apply(q, keys, v, None), plain(q, keys, v)
     assert fused.shape == (B, T, S)
     torch.testing.assert_close(fused, ref, rtol=0, atol=1e-12)
     upstream = torch.randn(B, T, S, generator=g, dtype=torch.float64)
@@ -35,7 +35,7 @@ def test_energy_and_gradients_equal_the_plain_form(B, T, S, A, needs, monkeypatc
 def test_gradcheck():
     g = torch.Generator().manual_seed(0)
     args = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((2, 3, 4), (2, 5, 4), (4,))]
-    assert torch.autograd.gradcheck(energy._AdditiveEnergy.apply, args)
+    assert torch.autograd.gradcheck(lambda q, k, v: energy._AdditiveEnergy.apply(q, k, v, None), args)
 
 
 def test_fp32_under_bf16_autocast():
@@ -50,3 +50,29 @@ def test_fp32_under_bf16_autocast():
     torch.testing.assert_close(scores, expected, rtol=1e-5, atol=1e-5)  # summation order differs by CPU kind
     scores.sum().backward()
     assert v.grad is not None and v.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("B,T,S,A", [(3, 4, 7, 5), (5, 3, 700, 600)])
+def test_step_keys_sum_the_keys_gradient_over_steps(B, T, S, A, monkeypatch):
+    """A decoder loop scores the same keys once per step: with the keys handed over as StepKeys the steps add
+    their parts of the keys' gradient in place, giving what autograd's per-step gradients add up to."""
+    monkeypatch.setattr(energy, "CHUNK_ELEMENTS", 4096)
+    g = torch.Generator().manual_seed(T * 100 + S)
+    keys = torch.randn(B, S, A, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(A, generator=g, dtype=torch.float64, requires_grad=True)
+    qs = [torch.randn(B, 1, A, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(T)]
+    upstream = [torch.randn(B, 1, S, generator=g, dtype=torch.float64) for _ in range(T)]
+    sums = energy._KeySums()
+    shared = energy.share(keys, sums.take_gradient)
+    ours = sum((energy._AdditiveEnergy.apply(q, shared, v, sums) * u).sum() for q, u in zip(qs, upstream, strict=True))
+    ref = sum((plain(q, keys, v) * u).sum() for q, u in zip(qs, upstream, strict=True))
+    for a, b in zip(torch.autograd.grad(ours, [keys, v, *qs]), torch.autograd.grad(ref, [keys, v, *qs]), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert sums.g is None and sums.g_tanh2 is None, "the sums are let go once the keys' gradient is formed"
+
+
+def test_step_keys_are_plain_keys_without_gradients():
+    keys = torch.randn(2, 3, 4)
+    assert isinstance(energy.StepKeys.of(keys.requires_grad_()), energy.StepKeys)
+    with torch.no_grad():
+        assert isinstance(energy.StepKeys.of(keys), torch.Tensor)

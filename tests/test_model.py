@@ -347,6 +347,33 @@ def test_encoder_by_length_groups_gives_the_packed_lstm_result(monkeypatch, leng
         torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_keys_and_values_summed_over_steps_give_autograd_gradients(name, query, options, input_feeding, amp):
+    """The decoder's loop hands keys and values to the steps through `for_steps` (one gradient over all steps:
+    StepMatrix, StepKeys): the same loss and gradients as autograd's per-step gradients, added up."""
+    model = make_model(name, query, options, input_feeding=input_feeding)
+    src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2], [3, 2, 5])
+    results = []
+    for summed in (True, False):
+        model.zero_grad()
+        with pytest.MonkeyPatch.context() as mp:
+            if not summed:
+                mp.setattr(type(model.attention), "for_steps", lambda self, keys, values, dtype: (keys, values))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                logits, _ = model(src, lengths, tgt_in)
+            loss, n = token_loss(logits.float(), tgt_out)
+            (loss / n).backward()
+        results.append((loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (loss_ref, grads_ref) = results
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
+    assert grads.keys() == grads_ref.keys()
+    tol = dict(rtol=2e-2, atol=2e-3) if amp else dict(rtol=1e-4, atol=1e-6)  # bf16: products rounded elsewhere
+    for k, g in grads_ref.items():
+        torch.testing.assert_close(grads[k], g, **tol, msg=k)
+
+
 def test_none_context_is_the_encoder_summary_in_the_model():
     model = make_model("none").eval()
     src, lengths, tgt_in, _ = make_batch([4, 7, 2], [3, 2, 5])
