@@ -8,8 +8,9 @@ Two orderings of attention and recurrence, named after their papers (`query`):
                                      h~_t = tanh(W_c [c_t; s_t])
 
 The output layer reads h~_t in both. `step` is the single step used by search; `forward` is the
-teacher-forced pass and runs the same `_step` (or, with query=current and no input feeding, one LSTM
-call over all steps followed by attention over all steps: the same arithmetic, batched).
+teacher-forced pass and runs the same `_step` (with query=current and no input feeding, one LSTM call over
+all steps followed by attention over all steps; with query=previous and no input feeding, the loop runs
+attention and LSTM, and W_c runs once over all steps after it: the same arithmetic, batched).
 
 The step loop runs the LSTM written out one step at a time (nmt.lstm: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
@@ -126,6 +127,15 @@ class Decoder(nn.Module):
         self, x0: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor, params: StepParams
     ) -> tuple[Tensor, DecoderState, Tensor]:
         """One step from layer 0's precomputed input x0 (B, 4H) -> (h~_t (B, H), new state, weights (B, S))."""
+        context, out, state, weights = self._recurrence(x0, state, keys, values, mask, params)
+        attn_h = self.dropout(torch.tanh(params.combine(torch.cat([context.to(out.dtype), out], dim=-1))))
+        return attn_h, DecoderState(state.h, state.c, attn_h), weights  # (B, H), state, (B, S)
+
+    def _recurrence(
+        self, x0: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor, params: StepParams
+    ) -> tuple[Tensor, Tensor, DecoderState, Tensor]:
+        """A step's attention and LSTM, without W_c: x0 (B, 4H) -> (c_t (B, D), top output (B, H), new state
+        (its feed not yet updated), weights (B, S))."""
         recurrent = [state.feed] if self.input_feeding else []
         if self.query == "previous":
             context, weights = self.attention(state.h[-1][:, None, :], keys, values, mask)  # (B, 1, D)
@@ -133,8 +143,7 @@ class Decoder(nn.Module):
         out, h, c = lstm_step(x0, recurrent, state.h, state.c, params.layers, self.layer_dropout)  # out (B, H)
         if self.query == "current":
             context, weights = self.attention(out[:, None, :], keys, values, mask)  # (B, 1, D)
-        attn_h = self.dropout(torch.tanh(params.combine(torch.cat([context[:, 0].to(out.dtype), out], dim=-1))))
-        return attn_h, DecoderState(h, c, attn_h), weights[:, 0]  # (B, H), state, (B, S)
+        return context[:, 0], out, DecoderState(h, c, state.feed), weights[:, 0]
 
     def step(
         self,
@@ -184,12 +193,21 @@ class Decoder(nn.Module):
         params = self.step_params(tgt_in.device)
         keys, values = self.attention.for_steps(keys, values, autocast_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
-        outputs, all_weights = [], []
+        outputs, contexts, all_weights = [], [], []
         for x0 in self._inputs(emb, params).unbind(1):  # (B, 4H) per step; unbind: one backward for all steps
-            attn_h, state, weights = self._step(x0, state, keys, values, mask, params)
-            outputs.append(attn_h)
+            if self.input_feeding:
+                attn_h, state, weights = self._step(x0, state, keys, values, mask, params)
+                outputs.append(attn_h)
+            else:  # no step reads h~: W_c runs once over all steps after the loop (the same arithmetic)
+                context, out, state, weights = self._recurrence(x0, state, keys, values, mask, params)
+                contexts.append(context)
+                outputs.append(out)
             all_weights.append(weights)
-        return torch.stack(outputs, dim=1), torch.stack(all_weights, dim=1)  # (B, T, H), (B, T, S)
+        weights = torch.stack(all_weights, dim=1)  # (B, T, S)
+        if self.input_feeding:
+            return torch.stack(outputs, dim=1), weights  # (B, T, H)
+        context, out = torch.stack(contexts, dim=1), torch.stack(outputs, dim=1)  # (B, T, D), (B, T, H)
+        return self.dropout(torch.tanh(self.combine(torch.cat([context.to(out.dtype), out], dim=-1)))), weights
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:
