@@ -247,7 +247,8 @@ class TokenBatchSampler:
     `bucketing="exact"` first groups the sentences by source length, so a batch's sources share one length:
     the encoder then needs neither padding nor packing (the fastest LSTM path, and the one where bf16 pays).
     Targets are sorted within each group the same way. The end of a group that would make a batch under
-    half of `batch_tokens` is merged with the start of the next length instead (that batch is packed).
+    half of `batch_tokens` is merged with the start of the next length instead (on a CPU the encoder then runs
+    once per source length, nmt.encoder; elsewhere the batch is packed).
     `bucketing="sorted"` mixes lengths.
 
     With `world_size > 1` (DistributedDataParallel), each global batch is dealt round-robin to the ranks:
