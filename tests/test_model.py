@@ -493,14 +493,17 @@ def test_decoder_loop_and_its_gradients_equal_nn_lstm_step_by_step(name, query, 
         torch.testing.assert_close(grads[pname], p.grad, atol=1e-5, rtol=1e-4, msg=pname)
 
 
-@pytest.mark.parametrize("src_lengths", [[6, 6, 6], [6, 4, 2]], ids=["unpacked", "packed"])
+@pytest.mark.parametrize(
+    "src_lengths", [[6, 6, 6], [6, 4, 2], [9, 8, 7, 6, 5, 4, 3, 2, 1]], ids=["unpacked", "by-length", "packed"]
+)
 @pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
 def test_bf16_autocast_training_step_stays_close_to_fp32(input_feeding, src_lengths):
     """Under bf16 autocast the loss and gradients follow fp32 (the cell state and the loss stay fp32), on
     every CPU: with bf16 hardware or without it (where nn.LSTM runs in fp32, see nmt.device.run_lstm), on
-    both encoder paths (one source length: unpacked; several: packed) and both decoder paths."""
+    every encoder path (one source length: unpacked; up to 8 on a CPU: once per length; more: packed) and
+    both decoder paths."""
     model = make_model("bahdanau", "current", hidden_size=32, embed_size=16, input_feeding=input_feeding)
-    src, lengths, tgt_in, tgt_out = make_batch(src_lengths, [5, 3, 4])
+    src, lengths, tgt_in, tgt_out = make_batch(src_lengths, [5, 3, 4] * (len(src_lengths) // 3))
     results = []
     for bf16 in (False, True):
         model.zero_grad()
