@@ -63,7 +63,7 @@ class Encoder(nn.Module):
         mask = src != PAD_ID  # (B, S)
         x = self.dropout(self.embed(src))  # (B, S, E)
         n_lengths = len(set(lengths.tolist()))
-        if n_lengths == 1:
+        if n_lengths == 1 and int(lengths[0]) == S:
             # every sentence fills the batch: no packing needed (and the faster LSTM kernel applies)
             states, (h, c) = run_lstm(self.rnn, x)
         elif x.device.type == "cpu" and n_lengths <= MAX_LENGTH_GROUPS:

@@ -57,7 +57,7 @@ class _Steps:
         self.inputs: list[Tensor] = []
         self.grads: list[Tensor] = []
 
-    def _take(self) -> tuple[Tensor, Tensor]:
+    def _take(self) -> tuple[list[Tensor], list[Tensor]]:
         inputs, grads = self.inputs, self.grads
         self.inputs, self.grads = [], []
         return inputs, grads

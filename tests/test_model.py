@@ -323,7 +323,9 @@ def test_encoder_summary_is_fwd_at_last_real_token_and_bwd_at_first():
         assert (out.states[b, n:] == 0).all(), "encoder states are zero on padding"
 
 
-@pytest.mark.parametrize("lengths", [[5, 7, 5, 2], [7, 1, 6, 2, 5, 3, 4, 7, 1]], ids=["3 lengths", "7 lengths"])
+@pytest.mark.parametrize(
+    "lengths", [[5, 7, 5, 2], [7, 1, 6, 2, 5, 3, 4, 7, 1], [4, 4, 4]], ids=["3 lengths", "7 lengths", "1 length"]
+)
 @pytest.mark.parametrize("layers", [1, 2])
 def test_encoder_by_length_groups_gives_the_packed_lstm_result(monkeypatch, lengths, layers):
     """A padded batch on a CPU runs the unpacked LSTM once per source length: the same states, final states
@@ -332,8 +334,9 @@ def test_encoder_by_length_groups_gives_the_packed_lstm_result(monkeypatch, leng
 
     enc = Encoder(SRC_VOCAB, EMBED, ENC_HIDDEN, num_layers=layers, bidirectional=True)
     src, src_lengths, _, _ = make_batch(lengths, [1] * len(lengths))
+    src = torch.cat([src, torch.full((len(lengths), 2), PAD_ID)], dim=1)  # padded past the longest sentence too
     results = []
-    for groups in (len(set(lengths)), 1):  # by length groups, then packed (more lengths than allowed)
+    for groups in (len(set(lengths)), 0):  # by length groups, then packed (more lengths than allowed)
         monkeypatch.setattr(nmt.encoder, "MAX_LENGTH_GROUPS", groups)
         enc.zero_grad()
         out = enc(src, src_lengths)
