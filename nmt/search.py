@@ -20,6 +20,7 @@ from nmt.model import Seq2Seq
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 LSE_ROWS = 64  # rows of logits converted to fp32 at a time for the log-normaliser: a few hundred KiB
+DONE_SHARE = 0.25  # done sentences leave the beam search's batch once they are this share of it
 
 
 def _normaliser(logits: Tensor) -> Tensor:
@@ -206,7 +207,7 @@ def beam_search(
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         keep_scores, keep = live_scores.topk(K, dim=1)  # (A, K) positions within the 2K
         keep_scores = keep_scores.masked_fill(~active[:, None], float("-inf"))
-        compact = 4 * int((~active).sum()) >= A
+        compact = int((~active).sum()) >= DONE_SHARE * A
         kept = active.nonzero().squeeze(1) if compact else torch.arange(A, device=dev)  # (A',)
         chosen = (kept[:, None] * 2 * K + keep.index_select(0, kept)).view(-1)  # (A'*K,)
         beam_rows = rows.index_select(0, chosen)  # the beam (numbered at step t) each survivor extends

@@ -91,6 +91,32 @@ def test_search_does_not_depend_on_the_batch(attention, beam_size, order):
             assert torch.allclose(h_alone.attention, h_together.attention, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["bahdanau", "luong"])
+def test_done_sentences_leaving_the_batch_changes_no_result(attention, monkeypatch):
+    """Done sentences leave the beam search's batch a share at a time (search.DONE_SHARE): leaving at every
+    step, or never, gives the same hypotheses, scores and attention."""
+    import nmt.search
+
+    model = small_model(attention)
+    with torch.no_grad():
+        model.decoder.output.bias[EOS_ID] = -1e4  # each sentence runs to its own length limit: they leave one by one
+    src, lengths = random_batch(LENGTHS + [3, 8, 6])
+    step, rows = model.decoder.step, []
+    monkeypatch.setattr(model.decoder, "step", lambda prev, *args: rows.append(len(prev)) or step(prev, *args))
+    results = {}
+    for share in (0.0, 0.25, 2.0):  # at every step (even with none done), a quarter (the default), never
+        monkeypatch.setattr(nmt.search, "DONE_SHARE", share)
+        rows.clear()
+        results[share] = beam_search(model, src, lengths, beam_size=3, nbest=3, max_len_ratio=1.0, max_len_extra=4)
+        assert (len(set(rows)) > 2) == (share < 1), f"the batch shrank: {rows}"
+    for share in (0.0, 2.0):
+        for ours, ref in zip(results[share], results[0.25], strict=True):
+            assert [h.tokens for h in ours] == [h.tokens for h in ref]
+            assert [h.score for h in ours] == pytest.approx([h.score for h in ref], abs=1e-4)
+            for a, b in zip(ours, ref, strict=True):
+                torch.testing.assert_close(a.attention, b.attention, rtol=1e-4, atol=1e-5)
+
+
 def test_nbest_is_sorted_by_score_and_starts_with_the_best():
     model = small_model("luong")
     src, lengths = random_batch(LENGTHS)
