@@ -128,8 +128,13 @@ class Decoder(nn.Module):
     ) -> tuple[Tensor, DecoderState, Tensor]:
         """One step from layer 0's precomputed input x0 (B, 4H) -> (h~_t (B, H), new state, weights (B, S))."""
         context, out, state, weights = self._recurrence(x0, state, keys, values, mask, params)
-        attn_h = self.dropout(torch.tanh(params.combine(torch.cat([context.to(out.dtype), out], dim=-1))))
+        attn_h = self._attentional(params.combine, context, out)  # (B, H)
         return attn_h, DecoderState(state.h, state.c, attn_h), weights  # (B, H), state, (B, S)
+
+    def _attentional(self, combine, context: Tensor, out: Tensor) -> Tensor:
+        """h~ = dropout(tanh(W_c [c; h])): context (..., D), out (..., H) -> (..., H); `combine` is W_c (the
+        module, or the loop's StepWeight)."""
+        return self.dropout(torch.tanh(combine(torch.cat([context.to(out.dtype), out], dim=-1))))
 
     def _recurrence(
         self, x0: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor, params: StepParams
@@ -189,7 +194,7 @@ class Decoder(nn.Module):
             # no step depends on the previous step's attention: one LSTM call, then attend everywhere at once
             out, _ = run_lstm(self.rnn, emb, (state.h, state.c))  # (B, T, H)
             context, weights = self.attention(out, keys, values, mask)  # (B, T, D), (B, T, S)
-            return self.dropout(torch.tanh(self.combine(torch.cat([context, out], dim=-1)))), weights  # (B, T, H)
+            return self._attentional(self.combine, context, out), weights  # (B, T, H)
         params = self.step_params(tgt_in.device)
         keys, values = self.attention.for_steps(keys, values, autocast_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
@@ -207,7 +212,7 @@ class Decoder(nn.Module):
         if self.input_feeding:
             return torch.stack(outputs, dim=1), weights  # (B, T, H)
         context, out = torch.stack(contexts, dim=1), torch.stack(outputs, dim=1)  # (B, T, D), (B, T, H)
-        return self.dropout(torch.tanh(self.combine(torch.cat([context.to(out.dtype), out], dim=-1)))), weights
+        return self._attentional(self.combine, context, out), weights  # (B, T, H)
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:
