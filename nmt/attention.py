@@ -43,6 +43,7 @@ class Attention(nn.Module):
     """Base class: `prepare` projects what does not depend on the query; `forward` scores and reads."""
 
     has_alignment = True  # False for "none": its context looks at no position
+    reads_query = True  # False for "none": the context is the same at every step, whatever the query
 
     def __init__(self, query_dim: int, value_dim: int):
         super().__init__()
@@ -76,6 +77,7 @@ class NoAttention(Attention):
     """
 
     has_alignment = False
+    reads_query = False
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
         vector = summary[:, None, :]  # (B, 1, D)

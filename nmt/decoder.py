@@ -10,7 +10,8 @@ Two orderings of attention and recurrence, named after their papers (`query`):
 The output layer reads h~_t in both. `step` is the single step used by search; `forward` is the
 teacher-forced pass and runs the same `_step` (with query=current and no input feeding, one LSTM call over
 all steps followed by attention over all steps; with query=previous and no input feeding, the loop runs
-attention and LSTM, and W_c runs once over all steps after it: the same arithmetic, batched).
+attention and LSTM, and W_c runs once over all steps after it, or, when the attention reads no query
+("none"), one LSTM call over [y_{t-1}; c] for all steps: the same arithmetic, batched).
 
 The step loop runs the LSTM written out one step at a time (nmt.lstm: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
@@ -194,6 +195,12 @@ class Decoder(nn.Module):
             # no step depends on the previous step's attention: one LSTM call, then attend everywhere at once
             out, _ = run_lstm(self.rnn, emb, (state.h, state.c))  # (B, T, H)
             context, weights = self.attention(out, keys, values, mask)  # (B, T, D), (B, T, S)
+            return self._attentional(self.combine, context, out), weights  # (B, T, H)
+        if not self.attention.reads_query and not self.input_feeding:
+            # query=previous with a context that reads no query ("none", RNNencdec): every step's context is
+            # known before the loop, so the LSTM reads [y_{t-1}; c] in one call (the loop's arithmetic)
+            context, weights = self.attention(emb, keys, values, mask)  # emb gives B and T only: (B, T, D)
+            out, _ = run_lstm(self.rnn, torch.cat([emb, context.to(emb.dtype)], dim=-1), (state.h, state.c))
             return self._attentional(self.combine, context, out), weights  # (B, T, H)
         params = self.step_params(tgt_in.device)
         keys, values = self.attention.for_steps(keys, values, autocast_dtype(tgt_in.device.type))

@@ -48,14 +48,14 @@ EXPERIMENT_FILES = sorted(p.stem for p in (Path(CONFIG_DIR) / "experiment").glob
 
 def variants() -> list:
     """(id, attention name, query, options) for every registered attention, plus the luong scores and
-    both bahdanau query orders. A newly registered attention is covered with its default options."""
+    both query orders of bahdanau and none. A newly registered attention is covered with its default options."""
     out = []
     for name in ATTENTIONS:
         if name == "luong":
             scores = ("dot", "general", "concat")
             out += [pytest.param(name, "current", {"score": s}, id=f"luong-{s}") for s in scores]
-        elif name == "bahdanau":
-            out += [pytest.param(name, q, {}, id=f"bahdanau-{q}") for q in ("previous", "current")]
+        elif name in ("bahdanau", "none"):  # none: RNNencdec's order (previous) runs no step loop without feeding
+            out += [pytest.param(name, q, {}, id=f"{name}-{q}") for q in ("previous", "current")]
         elif name == "local":  # a window narrower than the sentences, so the window matters
             out.append(pytest.param(name, "current", {"window": 2}, id="local-w2"))
         else:
@@ -480,10 +480,14 @@ def reference_decoder(model: Seq2Seq, src, lengths, tgt_in):
 
 
 @pytest.mark.parametrize("layers", [1, 2])
-@pytest.mark.parametrize("name, query", [("bahdanau", "previous"), ("bahdanau", "current"), ("luong", "current")])
-def test_decoder_loop_and_its_gradients_equal_nn_lstm_step_by_step(name, query, layers):
+@pytest.mark.parametrize(
+    "name, query, input_feeding",
+    [("bahdanau", "previous", True), ("bahdanau", "current", True), ("luong", "current", True)]
+    + [("none", "previous", False)],  # no loop: one nn.LSTM call over [y_{t-1}; c] (the context reads no query)
+)
+def test_decoder_loop_and_its_gradients_equal_nn_lstm_step_by_step(name, query, input_feeding, layers):
     """The decoder's own LSTM step (with every step's weight gradient summed in one matmul) is nn.LSTM."""
-    model = make_model(name, query, decoder_layers=layers)
+    model = make_model(name, query, decoder_layers=layers, input_feeding=input_feeding)
     src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2], [3, 2, 5])
     logits, _ = model(src, lengths, tgt_in)
     token_loss(logits, tgt_out)[0].backward()
