@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.choices import Amp
+from nmt.decoding import Decoding
 from nmt.device import use_bf16
 from nmt.errors import ConfigError
 from nmt.model import Seq2Seq
@@ -37,19 +37,6 @@ class Translation:
     src_pieces: list[str]  # source pieces as the encoder saw them, "</s>" included ([] for an empty input)
     tgt_pieces: list[str]  # output pieces, "</s>" included when the output ended ([] for an empty input)
     attention: Tensor  # (len(tgt_pieces), len(src_pieces)) float32 on the CPU
-
-
-@dataclass
-class Decoding:
-    """The schema of the `decoding` config group (nmt-evaluate); Translator's keyword arguments."""
-
-    beam_size: int = 1  # 1: greedy
-    nbest: int = 1
-    length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha
-    max_len_ratio: float = 1.5  # output at most ratio * source length + max_len_extra pieces
-    max_len_extra: int = 10
-    batch_tokens: int = 8000  # padded source pieces per decoding batch
-    amp: Amp = Amp.auto  # auto (bf16 autocast where the hardware has bf16) | bf16 | off
 
 
 class Translator:

@@ -316,6 +316,23 @@ def test_nmt_translate_missing_checkpoint_is_one_line(tmp_path):
     assert proc.stderr.count("\n") == 1 and "missing.pt" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_nmt_translate_defaults_are_the_decoding_schema_and_parsing_needs_no_torch():
+    """nmt-translate's option defaults come from nmt.decoding.Decoding (nmt-evaluate's schema), and its
+    arguments are parsed before torch is imported (a quick --help)."""
+    code = (
+        "import json, sys\n"
+        "from nmt.cli.translate import parse_args\n"
+        "a = parse_args(['x.pt'])\n"
+        "print(json.dumps([a.beam, a.nbest, a.length_penalty, a.max_len_ratio, a.amp, 'torch' in sys.modules]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    from nmt.decoding import Decoding
+
+    d = Decoding()
+    expected = [d.beam_size, d.nbest, d.length_penalty, d.max_len_ratio, str(d.amp), False]
+    assert json.loads(proc.stdout) == expected
+
+
 @pytest.mark.parametrize("edges", [[], [5, 10], [0, 10, 10], [0, 20, 10], [0, 1.5], "0,10", None, [0, True]])
 def test_bad_bucket_edges_fail_naming_the_option(edges):
     """One check for bucket edges everywhere (nmt-evaluate's buckets, nmt-study's --buckets, the trainer's

@@ -32,9 +32,10 @@ def default_output(checkpoint: Path) -> Path:
 
 def run(cfg: DictConfig) -> dict:
     from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt.decoding import Decoding
     from nmt.evaluation import evaluate
     from nmt.metrics import check_edges
-    from nmt.translator import Decoding, Translator
+    from nmt.translator import Translator
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError(

@@ -8,7 +8,7 @@ the composed config against the schema (an unknown key, a wrong type or a value 
 while composing, naming the key); `nmt-train --cfg job` prints every value.
 
     trainer     nmt.trainer.TrainerConfig          optim      nmt.trainer.OptimConfig
-    tokenizer   nmt.data.TokenizerSettings         decoding   nmt.translator.Decoding
+    tokenizer   nmt.data.TokenizerSettings         decoding   nmt.decoding.Decoding
     model       nmt.model.ModelConfig, less the attention fields
     attention   name, query, and the class's own arguments (nmt.attention.ATTENTIONS)
     data        name, max_length, and the loader's arguments (nmt.corpora.LOADERS)
@@ -30,10 +30,10 @@ from omegaconf import MISSING as REQUIRED
 from nmt.attention import ATTENTIONS
 from nmt.corpora import LOADERS
 from nmt.data import DEFAULT_MAX_LENGTH, TokenizerSettings
+from nmt.decoding import Decoding
 from nmt.metrics import DEFAULT_EDGES
 from nmt.model import ModelConfig
 from nmt.trainer import OptimConfig, TrainerConfig
-from nmt.translator import Decoding
 
 ATTENTION_FIELDS = ("attention", "attention_query", "attention_options")  # filled from the attention group
 NOT_CONFIG = {"download_dir"}  # loader arguments the CLI sets itself (from paths.data_dir)

@@ -18,6 +18,9 @@ import select
 import sys
 from collections.abc import Iterator
 
+from nmt.choices import Amp
+from nmt.decoding import Decoding  # torch-free: the defaults below are the library's
+
 EPILOG = """output:
   one line per input line, in order; an empty input line gives an empty output line.
   --nbest N: N lines per input line, each SCORE<TAB>TEXT, best first (SCORE = log-probability / length
@@ -42,21 +45,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("checkpoint", help="a checkpoint written by nmt-train, e.g. <run dir>/checkpoints/best.pt")
     p.add_argument("text", nargs="*", help="sentences to translate (default: each line of stdin)")
-    p.add_argument("--beam", type=int, default=1, metavar="N", help="beam size (default 1: greedy)")
-    p.add_argument("--nbest", type=int, default=1, metavar="N", help="print the N best (N <= beam)")
+    p.add_argument(
+        "--beam", type=int, default=Decoding.beam_size, metavar="N", help="beam size (default %(default)s: greedy)"
+    )
+    p.add_argument("--nbest", type=int, default=Decoding.nbest, metavar="N", help="print the N best (N <= beam)")
     p.add_argument(
         "--length-penalty",
         type=float,
-        default=1.0,
+        default=Decoding.length_penalty,
         metavar="A",
-        help="GNMT alpha: score / ((5 + length) / 6) ** A (default 1.0)",
+        help="GNMT alpha: score / ((5 + length) / 6) ** A (default %(default)s)",
     )
     p.add_argument(
         "--max-len-ratio",
         type=float,
-        default=1.5,
+        default=Decoding.max_len_ratio,
         metavar="R",
-        help="output at most R x source pieces + 10 (default 1.5)",
+        help=f"output at most R x source pieces + {Decoding.max_len_extra} (default %(default)s)",
     )
     p.add_argument(
         "--batch-size",
@@ -68,8 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (the default: cuda if any), cpu, cuda, cuda:N")
     p.add_argument(
         "--amp",
-        default="auto",
-        choices=("auto", "bf16", "off"),
+        default=Decoding.amp.value,
+        choices=[a.value for a in Amp],
         help="bf16 autocast: auto (the default) uses it where the hardware computes bf16 (CUDA; CPUs "
         "with AVX-512 BF16 or AMX), off decodes in fp32",
     )
