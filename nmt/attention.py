@@ -16,9 +16,11 @@ D encoder state size (2 x hidden for a biLSTM), A attention size.
 
 Masking happens in fp32 (-inf before the softmax), so padding gets exactly zero weight even under
 bf16 autocast. Keys that do not depend on the query (W_h h) are projected once in `prepare`, returned,
-and passed back in: no per-batch state is ever stored on a module. `for_steps` wraps them for a training
-loop that calls the attention once per step (nmt.stepweight.StepMatrix, nmt.energy.StepKeys), so that
-their gradients are summed once over the steps rather than formed in full at every step.
+and passed back in: no per-batch state is ever stored on a module. The products of a query or weights with
+keys and values run in the dtype those are held in (nmt.device.step_dtype: fp32 on a CPU), autocast off.
+`for_steps` wraps them for a training loop that calls the attention once per step (nmt.stepweight.StepMatrix,
+nmt.energy.StepKeys), so that their gradients are summed once over the steps rather than formed in full at
+every step.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ class Attention(nn.Module):
         return states, states
 
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
-        """(keys, values) for a training loop that calls `forward` once per decoder step (under autocast to
-        `dtype`, if not None): the values' gradient is then one bmm over all steps (StepMatrix); subclasses
-        that score with a matmul or the additive energy hand their keys over too."""
+        """(keys, values) for a training loop that calls `forward` once per decoder step, held in `dtype`
+        (nmt.device.step_dtype; None: as they are): the values' gradient is then one bmm over all steps
+        (StepMatrix); subclasses that score with a matmul or the additive energy hand their keys over too."""
         return keys, StepMatrix.of(values, dtype)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -194,10 +196,11 @@ class MultiHeadAttention(Attention):
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = query.shape
         q = self._split(self.q_proj(query))  # (B, heads, T, d_k)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(self.d_k)  # (B, heads, T, S)
-        scores = scores.float().masked_fill(~mask[:, None, None, :], float("-inf"))
-        weights = torch.softmax(scores, dim=-1)  # (B, heads, T, S)
-        heads_out = torch.matmul(weights.to(values.dtype), values)  # (B, heads, T, d_k)
+        with torch.autocast(query.device.type, enabled=False):  # in the keys' and values' dtype (nmt.device.step_dtype)
+            scores = torch.matmul(q.to(keys.dtype), keys.transpose(-1, -2)) / math.sqrt(self.d_k)  # (B, heads, T, S)
+            scores = scores.float().masked_fill(~mask[:, None, None, :], float("-inf"))
+            weights = torch.softmax(scores, dim=-1)  # (B, heads, T, S)
+            heads_out = torch.matmul(weights.to(values.dtype), values)  # (B, heads, T, d_k)
         context = self.out_proj(heads_out.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
         return context, weights.mean(dim=1)  # (B, T, S)
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
-from nmt.device import autocast_dtype, run_lstm
+from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.lstm import LayerParams, layer_params, lstm_step
@@ -203,7 +203,7 @@ class Decoder(nn.Module):
             out, _ = run_lstm(self.rnn, torch.cat([emb, context.to(emb.dtype)], dim=-1), (state.h, state.c))
             return self._attentional(self.combine, context, out), weights  # (B, T, H)
         params = self.step_params(tgt_in.device)
-        keys, values = self.attention.for_steps(keys, values, autocast_dtype(tgt_in.device.type))
+        keys, values = self.attention.for_steps(keys, values, step_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
         outputs, contexts, all_weights = [], [], []
         for x0 in self._inputs(emb, params).unbind(1):  # (B, 4H) per step; unbind: one backward for all steps

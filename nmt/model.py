@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from nmt.attention import build_attention
 from nmt.choices import Bridge, Query
 from nmt.decoder import Decoder, DecoderState
-from nmt.device import autocast_dtype
+from nmt.device import step_dtype
 from nmt.encoder import Encoder, EncoderOutput
 
 MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the code
@@ -94,9 +94,11 @@ class Seq2Seq(nn.Module):
         """Encode and set up decoding: (encoder output, attention keys, values, initial decoder state)."""
         enc = self.encoder(src, lengths)
         keys, values = self.attention.prepare(enc.states, enc.summary)
-        dtype = autocast_dtype(src.device.type)
-        if dtype is not None:  # values feed a matmul at every step: cast them once, not once per step
+        dtype = step_dtype(src.device.type)
+        if dtype is not None:  # keys and values feed a product at every step: cast them once, not once per step
             values = values.to(dtype)
+            if keys.dtype != torch.float32:  # the additive energy's keys stay fp32 on every device
+                keys = keys.to(dtype)
         return enc, keys, values, self.decoder.init_state(enc)
 
     def forward(

@@ -160,9 +160,11 @@ class StepMatrix(NamedTuple):
 
 
 def bmm(a: Tensor, matrix: Tensor | StepMatrix, transpose: bool = False) -> Tensor:
-    """a M, or a M^T with `transpose`: (B, T, X) x (B, X, Y) -> (B, T, Y), through StepMatrix when M is one."""
+    """a M, or a M^T with `transpose`: (B, T, X) x (B, X, Y) -> (B, T, Y), through StepMatrix when M is one;
+    computed in M's dtype with autocast off."""
     if isinstance(matrix, StepMatrix):
         if matrix.transpose != transpose:
             raise ValueError("a StepMatrix is multiplied the way it was made for (transpose or not)")
         return matrix(a)
-    return torch.bmm(a.to(matrix.dtype), matrix.transpose(1, 2) if transpose else matrix)
+    with torch.autocast(a.device.type, enabled=False):  # in M's dtype (nmt.device.step_dtype), cast once
+        return torch.bmm(a.to(matrix.dtype), matrix.transpose(1, 2) if transpose else matrix)

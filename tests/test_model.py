@@ -914,3 +914,20 @@ def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, rows, mon
     torch.testing.assert_close(ours.float(), logits.grad.float(), rtol=1e-2, atol=1e-6)
     with torch.no_grad():
         torch.testing.assert_close(token_loss(logits, target, eps)[0], expected.detach(), rtol=1e-5, atol=1e-4)
+
+
+def test_attention_products_run_in_fp32_on_a_cpu_under_bf16_autocast():
+    """nmt.device.step_dtype: keys and values are held in fp32 on a CPU and a step's products with them run in
+    fp32 (no bf16 kernel per batch shape), in search's step and in training's loop alike."""
+    model = make_model("luong", "current", {"score": "general"})
+    src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2], [3, 2, 5])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        enc, keys, values, state = model.encode(src, lengths)
+        assert (keys.dtype, values.dtype) == (torch.float32, torch.float32)
+        query = torch.randn(3, 1, HIDDEN).bfloat16()
+        context, weights = model.attention(query, keys, values, enc.mask)
+        assert context.dtype == torch.float32
+        logits, _ = model(src, lengths, tgt_in)
+    torch.testing.assert_close(context, torch.bmm(weights, values))  # fp32 weights x fp32 values, autocast off
+    token_loss(logits.float(), tgt_out)[0].backward()  # the loop's StepMatrix path
+    assert all(p.grad is not None for p in model.parameters())
