@@ -39,8 +39,8 @@ def step_dtype(device_type: str) -> torch.dtype | None:
 
     A step's product is a batch of vector-matrix products, (B, 1, S) x (B, S, D). On the CPUs measured they
     ran faster in fp32 than through oneDNN's bf16 kernels, which are compiled, and kept at about half a
-    megabyte each, for every new (B, S): about 700 in an epoch of the multi30k_deen preset (README, "Where
-    the memory went")."""
+    megabyte each, for every new (B, S): about 700 in an epoch of the multi30k_deen preset (README, "The
+    compiled-kernel cache")."""
     import torch
 
     return torch.float32 if device_type == "cpu" else autocast_dtype(device_type)

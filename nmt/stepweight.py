@@ -147,7 +147,7 @@ class StepMatrix(NamedTuple):
 
     @classmethod
     def of(cls, matrix: Tensor, dtype: torch.dtype | None, transpose: bool = False) -> Tensor | StepMatrix:
-        """`matrix` for the steps of one batch (cast once to the autocast `dtype`); the plain tensor when no
+        """`matrix` for the steps of one batch (cast once to `dtype`: nmt.device.step_dtype); the plain tensor when no
         gradient is needed."""
         matrix = matrix if dtype is None else matrix.to(dtype)
         if not (torch.is_grad_enabled() and matrix.requires_grad):
