@@ -37,10 +37,10 @@ def step_dtype(device_type: str) -> torch.dtype | None:
     """The dtype the attention's keys and values are held in while decoding step by step, and its per-step
     products (a_t V, q_t K^T) computed in: fp32 on a CPU, else the autocast dtype (None: as they are).
 
-    A step's product is a batch of vector-matrix products, (B, 1, S) x (B, S, D). On the CPUs measured they
-    ran faster in fp32 than through oneDNN's bf16 kernels, which are compiled, and kept at about half a
-    megabyte each, for every new (B, S): about 700 in an epoch of the multi30k_deen preset (README, "The
-    compiled-kernel cache")."""
+    A step's product is a batch of vector-matrix products, (B, 1, S) x (B, S, D). On the CPU measured (an
+    Intel Xeon with AMX; others not yet) they ran faster in fp32 than through oneDNN's bf16 kernels, which
+    are compiled, and kept at about half a megabyte each, for every new (B, S): about 700 in an epoch of the
+    multi30k_deen preset (README, "The compiled-kernel cache")."""
     import torch
 
     return torch.float32 if device_type == "cpu" else autocast_dtype(device_type)
