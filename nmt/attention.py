@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from nmt.choices import LuongScore, choice
 from nmt.energy import StepKeys, additive_energy
+from nmt.shapes import linear_rows
 from nmt.stepweight import StepMatrix, bmm
 
 
@@ -112,7 +113,8 @@ class AdditiveAttention(Attention):
         self.v = nn.Linear(hidden, 1, bias=False)
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
-        return self.key_proj(states).float(), states  # keys (B, S, A) in fp32 (nmt.energy): once per sentence
+        keys = linear_rows(states, self.key_proj.weight, self.key_proj.bias)  # (B, S, A): once per sentence
+        return keys.float(), states  # keys in fp32 (nmt.energy)
 
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
         return StepKeys.of(keys), StepMatrix.of(values, dtype)
@@ -142,7 +144,7 @@ class LuongAttention(Attention):
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
         if self.score_name == "general":
-            return self.key_proj(states), states  # (B, S, Q)
+            return linear_rows(states, self.key_proj.weight), states  # (B, S, Q)
         if self.score_name == "concat":
             return self.additive.prepare(states, summary)
         return states, states
@@ -188,7 +190,8 @@ class MultiHeadAttention(Attention):
         return x.view(B, L, self.heads, self.d_k).transpose(1, 2)  # (B, heads, L, d_k)
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
-        return self._split(self.k_proj(states)), self._split(self.v_proj(states))
+        k = linear_rows(states, self.k_proj.weight, self.k_proj.bias)  # (B, S, D)
+        return self._split(k), self._split(linear_rows(states, self.v_proj.weight, self.v_proj.bias))
 
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
         return keys, values  # (B, heads, S, d_k): left to autograd

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.attention import Attention
@@ -33,6 +32,7 @@ from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.lstm import LayerParams, layer_params, lstm_step
+from nmt.shapes import linear_rows
 from nmt.stepweight import StepWeight
 from nmt.tokenizer import PAD_ID
 
@@ -122,7 +122,7 @@ class Decoder(nn.Module):
     def _inputs(self, emb: Tensor, params: StepParams) -> Tensor:
         """Layer 0's input projection for every step at once: emb (B, T, E) -> (B, T, 4H)."""
         first = params.layers[0]
-        return F.linear(emb.to(first.w_x.dtype), first.w_x) + first.bias
+        return linear_rows(emb.to(first.w_x.dtype), first.w_x) + first.bias  # rows padded: nmt.shapes
 
     def _step(
         self, x0: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor, params: StepParams

@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.shapes import ROW_MULTIPLE, padded_count
 from nmt.tokenizer import PAD_ID
 
-LOSS_ROW_MULTIPLE = 64  # loss_rows: row counts rounded up to this (a few shapes rather than one per batch)
+LOSS_ROW_MULTIPLE = ROW_MULTIPLE  # loss_rows: row counts rounded up to this (a few shapes rather than one per batch)
 LOSS_CHUNK_ROWS = 16  # target tokens per piece: an fp32 piece of the logits (512 KiB at 8k pieces) stays in cache
 
 
@@ -91,5 +92,5 @@ def loss_rows(target: Tensor, multiple: int = LOSS_ROW_MULTIPLE) -> Tensor:
     flat = target.reshape(-1)
     padding = (flat == PAD_ID).to(torch.int8)
     n_real = flat.numel() - int(padding.sum())
-    n = min(flat.numel(), -(-n_real // multiple) * multiple)
+    n = min(flat.numel(), padded_count(n_real, multiple))
     return torch.argsort(padding, stable=True)[:n].sort().values

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.shapes import pad_rows
+
 
 class _Shared(torch.autograd.Function):
     """Hands a tensor to every step of a loop whose steps record what its gradient needs; the backward, which
@@ -68,7 +70,7 @@ class _Steps:
         if not self.grads:
             return None
         inputs, grads = self._take()
-        return torch.cat(grads).t().mm(torch.cat(inputs))
+        return pad_rows(torch.cat(grads)).t().mm(pad_rows(torch.cat(inputs)))  # zero rows: nmt.shapes
 
     def matrix_gradient(self, transpose: bool) -> Tensor | None:
         """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps."""

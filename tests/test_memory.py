@@ -17,10 +17,10 @@ from nmt.memory import ENV_DEFAULTS, MMAP_THRESHOLD, TRIM_THRESHOLD, VARIABLES
 PROBE = """
 import json, os
 import nmt.cli  # what every entry point imports first
-from nmt.memory import _applied, untuned_environment
+from nmt.memory import ENV_DEFAULTS, _applied, untuned_environment
 import torch
 torch.ones(1024, 1024).sum()  # torch starts with the settings in place
-keys = ("THP_MEM_ALLOC_ENABLE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+keys = tuple(ENV_DEFAULTS)
 print(json.dumps({"applied": _applied, "env": {k: os.environ.get(k) for k in keys},
                   "child": {k: untuned_environment().get(k) for k in keys}}))
 """
@@ -50,8 +50,9 @@ def test_entry_points_set_the_defaults_and_children_get_the_users_environment():
 
 def test_the_users_values_win():
     out = probe(ONEDNN_PRIMITIVE_CACHE_CAPACITY="64", MALLOC_MMAP_THRESHOLD_="131072")
-    assert out["env"] == {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
-    assert set(out["applied"]) == {"THP_MEM_ALLOC_ENABLE", "malloc trim threshold"}  # mmap: the user's variable
+    assert out["env"] == {**ENV_DEFAULTS, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64"}
+    # mmap threshold and oneDNN's cache: the user's variables
+    assert set(out["applied"]) == {*ENV_DEFAULTS, "malloc trim threshold"} - {"ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     assert out["child"]["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"  # the user's own value is passed on
 
 

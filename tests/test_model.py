@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from nmt.attention import (
     ATTENTIONS,
@@ -36,6 +37,8 @@ from nmt.encoder import Encoder
 from nmt.errors import ConfigError
 from nmt.loss import loss_rows, token_loss
 from nmt.model import ModelConfig, Seq2Seq
+from nmt.shapes import linear_rows
+from nmt.stepweight import StepWeight
 from nmt.tokenizer import BOS_ID, PAD_ID
 from nmt.trainer import OptimConfig, TrainerConfig
 
@@ -678,6 +681,56 @@ def test_training_on_loss_rows_gives_the_full_loss_and_gradients(input_feeding):
     torch.testing.assert_close(loss, full, rtol=1e-5, atol=1e-5)
     for k, p in model.named_parameters():
         torch.testing.assert_close(grads[k], p.grad, rtol=1e-4, atol=1e-6, msg=k)
+
+
+class MatmulShapes(TorchDispatchMode):
+    """Records (rows, inner, columns) of every aten.mm and aten.addmm run inside it, backward included."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            a, b = args[-2], args[-1]
+            self.shapes.append((a.size(0), a.size(1), b.size(1)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_linear_rows_is_the_linear_map_over_a_padded_row_count(bias):
+    """nmt.shapes: the matmuls forward and backward see 24 rows, not the 21 of a (3, 7) batch; same values."""
+    x = torch.randn(3, 7, 10, requires_grad=True)
+    weight = torch.randn(12, 10, requires_grad=True)
+    b = torch.randn(12, requires_grad=True) if bias else None
+    with MatmulShapes() as seen:
+        y = linear_rows(x, weight, b, multiple=8)
+        y.square().sum().backward()
+    assert y.shape == (3, 7, 12)
+    assert len(seen.shapes) == 3 and all(24 in s and 21 not in s for s in seen.shapes), seen.shapes
+    leaves = [t for t in (x, weight, b) if t is not None]
+    got = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    ref = nn.functional.linear(x, weight, b)
+    ref.square().sum().backward()
+    torch.testing.assert_close(y, ref)
+    for g, t in zip(got, leaves, strict=True):
+        torch.testing.assert_close(g, t.grad)
+
+
+def test_a_step_weights_gradient_sums_over_a_padded_row_count():
+    """nmt.stepweight: 5 steps of 3 sentences are 15 rows; the one weight-gradient matmul sees 64 (nmt.shapes)."""
+    weight = torch.randn(12, 10, requires_grad=True)
+    xs = torch.randn(5, 3, 10)
+    step = StepWeight.of(weight, None)
+    with MatmulShapes() as seen:
+        torch.stack([step(x) for x in xs]).square().sum().backward()
+    wgrad = [s for s in seen.shapes if s[0] == 12 and s[2] == 10]  # (out, rows, in): the weight's gradient
+    assert [s[1] for s in wgrad] == [64], seen.shapes
+    got, weight.grad = weight.grad.clone(), None
+    torch.stack([x @ weight.t() for x in xs]).square().sum().backward()
+    torch.testing.assert_close(got, weight.grad)
 
 
 # ---------------------------------------------------------------------------------------- configs
