@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt.attention import Attention
@@ -119,10 +120,13 @@ class Decoder(nn.Module):
             layer_params(self.rnn, self.embed.embedding_dim, dtype), StepWeight.of(self.combine.weight, dtype)
         )
 
-    def _inputs(self, emb: Tensor, params: StepParams) -> Tensor:
-        """Layer 0's input projection for every step at once: emb (B, T, E) -> (B, T, 4H)."""
+    def _inputs(self, emb: Tensor, params: StepParams, all_steps: bool = True) -> Tensor:
+        """Layer 0's input projection: emb (B, T, E) -> (B, T, 4H) for every step at once, its rows padded to a
+        few shapes (nmt.shapes); search's single step, emb (B, E) -> (B, 4H), with `all_steps=False` (a
+        handful of rows, not padded up to 64)."""
         first = params.layers[0]
-        return linear_rows(emb.to(first.w_x.dtype), first.w_x) + first.bias  # rows padded: nmt.shapes
+        emb = emb.to(first.w_x.dtype)
+        return (linear_rows(emb, first.w_x) if all_steps else F.linear(emb, first.w_x)) + first.bias
 
     def _step(
         self, x0: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor, params: StepParams
@@ -164,7 +168,7 @@ class Decoder(nn.Module):
 
         Pass `params=decoder.step_params(device)`, computed once, when calling step after step."""
         params = self.step_params(prev.device) if params is None else params
-        x0 = self._inputs(self.dropout(self.embed(prev)), params)  # (B, 4H)
+        x0 = self._inputs(self.dropout(self.embed(prev)), params, all_steps=False)  # (B, 4H)
         attn_h, state, weights = self._step(x0, _fp32_cells(state), keys, values, mask, params)
         return self.output(attn_h), state, weights
 
