@@ -18,7 +18,7 @@ around long-lived allocations (README, "Performance" names the measurements). Th
   default is 1,024 entries), which kept ~270 KiB more per matmul shape on top of oneDNN's own cache. 128
   holds every shape one batch uses; a shape it has evicted is rebuilt from oneDNN's cache without compiling
   (0 crashed torch 2.13 when tried: never set it to 0). On the multi30k_deen preset it cut the heap in use
-  after the first epoch by about 250 MB with no loss of speed measured (README, "The compiled-kernel cache");
+  after the first epoch from 1,064 to 792 MiB with no loss of speed measured (README, "The compiled-kernel cache");
 - glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
   the program runs): tensors of 32 MiB and more are mapped on their own and returned when freed, smaller
   ones reuse the heap's pages. A lower threshold keeps less memory (4 MiB: about 0.4 GiB less on the
