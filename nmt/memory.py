@@ -6,8 +6,6 @@ oneDNN caching a compiled kernel ("primitive") for each new matmul shape, a 12-m
 multi30k_deen preset grew to over 4 GiB resident while only ~0.9 GiB was in use: the heap fragmented
 around long-lived allocations (README, "Performance" names the measurements). The settings:
 
-- THP_MEM_ALLOC_ENABLE=1: torch gives tensors of 2 MiB and more transparent huge pages (fewer page faults
-  and TLB misses when large tensors are allocated afresh);
 - ONEDNN_PRIMITIVE_CACHE_CAPACITY=4096: room for every compiled bf16 kernel that training meets. Each new
   matmul shape costs a compilation of about 2.6 ms on an AMX CPU, and one epoch of the multi30k_deen
   preset meets about 2,100 (exact-length batches have many shapes). With a smaller cache, kernels evicted
@@ -25,7 +23,13 @@ around long-lived allocations (README, "Performance" names the measurements). Th
   multi30k_deen preset) but every tensor above it is new memory whose pages fault in as they are written,
   which cost 9% of the training speed when measured (README, "Where the memory went").
 
-The first three are read by torch, oneDNN and ideep when they start, so `tune_allocator()` must run before torch
+Not set: THP_MEM_ALLOC_ENABLE (torch's transparent huge pages for tensors of 2 MiB and more; one of these
+settings until 2026-12-02). torch then asks the kernel for huge pages on every large tensor, and where the
+kernel compacts memory to find them when asked (`defrag` = madvise, the default of many systems), a fresh
+tensor can wait tens of milliseconds for it: beam-5 decoding of test2016 took 8.3-9.2 s with it against
+5.9-6.1 s without, and training was as fast either way (README, "Huge pages"). A user's value still reaches torch.
+
+The two cache sizes are read by oneDNN and ideep when they start, so `tune_allocator()` must run before torch
 is imported; the command-line entry points call it first (nmt/cli/__init__.py). Processes that only
 decode then call `tune_for_decoding()`, which raises both glibc thresholds further. Each setting is a
 default: a variable already in the environment wins (`MALLOC_MMAP_THRESHOLD_` and `MALLOC_TRIM_THRESHOLD_`
@@ -39,7 +43,7 @@ import ctypes
 import os
 import sys
 
-ENV_DEFAULTS = {"THP_MEM_ALLOC_ENABLE": "1", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096", "LRU_CACHE_CAPACITY": "128"}
+ENV_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096", "LRU_CACHE_CAPACITY": "128"}
 # every variable the settings read (a value already in the environment wins; the switch turns them all off)
 VARIABLES = (*ENV_DEFAULTS, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "NMT_TUNE_ALLOCATOR")
 MIB = 1024 * 1024

@@ -32,7 +32,7 @@ cat > "$WORK/onmt_summary.json" <<JSON
  "decode_b1": {"total_translation_secs": ["3.2"], "maxrss_mb_wall": [900.0, "0:08.10"], "bleu": "32.27"},
  "decode_b5": {"total_translation_secs": ["10.0"], "maxrss_mb_wall": [950.0, "1:15.50"], "bleu": "33.01"},
  "env": {"train_seconds": "$TRAIN_SECONDS", "threads": "$THREADS", "data": "$DATA",
-         "thp": "${THP_MEM_ALLOC_ENABLE:-unset}"}}
+         "lru": "${LRU_CACHE_CAPACITY:-unset}"}}
 JSON
 echo "fake opennmt done"
 """
@@ -150,8 +150,8 @@ def test_peers_side_by_side_and_a_failing_peer(tiny):
     onmt = report["peers"]["opennmt"]
     data = str((ROOT / "../shared/data/multi30k").resolve())
     # the peer runs in the user's environment, without the memory settings our benchmark process took
-    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data, "thp": "unset"}
-    assert report["allocator"]["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert onmt["ok"] and onmt["summary"]["env"] == {"train_seconds": "3", "threads": "1", "data": data, "lru": "unset"}
+    assert report["allocator"]["LRU_CACHE_CAPACITY"] == "128"
     assert onmt["figures"]["process_s_beam5"] == pytest.approx(75.5)
     assert onmt["figures"]["peak_train_gib"] == pytest.approx(3.7)
     joey = report["peers"]["joeynmt"]
