@@ -26,8 +26,9 @@ around long-lived allocations (README, "Performance" names the measurements). Th
 Not set: THP_MEM_ALLOC_ENABLE (torch's transparent huge pages for tensors of 2 MiB and more; one of these
 settings until 2026-12-02). torch then asks the kernel for huge pages on every large tensor, and where the
 kernel compacts memory to find them when asked (`defrag` = madvise, the default of many systems), a fresh
-tensor can wait tens of milliseconds for it: beam-5 decoding of test2016 took 8.3-9.2 s with it against
-5.9-6.1 s without, and training was as fast either way (README, "Huge pages"). A user's value still reaches torch.
+tensor can wait tens of milliseconds for it: beam-5 decoding of test2016 by a fresh nmt-translate process took
+9.8-10.8 s with it against 6.3-6.4 s without, and training was as fast either way (README, "Huge pages"). A
+user's value still reaches torch.
 
 The two cache sizes are read by oneDNN and ideep when they start, so `tune_allocator()` must run before torch
 is imported; the command-line entry points call it first (nmt/cli/__init__.py). Processes that only

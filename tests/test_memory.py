@@ -28,8 +28,9 @@ print(json.dumps({"applied": _applied, "env": {k: os.environ.get(k) for k in key
 
 
 def clean_env() -> dict[str, str]:
-    """This environment without the variables the settings read (a user's own would change the outcome)."""
-    return {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    """This environment without the variables the settings read, nor torch's huge-page switch, which they
+    leave alone (a user's own would change the outcome)."""
+    return {k: v for k, v in os.environ.items() if k not in (*VARIABLES, "THP_MEM_ALLOC_ENABLE")}
 
 
 def probe(**env: str) -> dict:
