@@ -251,6 +251,9 @@ class TokenBatchSampler:
     once per source length, nmt.encoder; elsewhere the batch is packed).
     `bucketing="sorted"` mixes lengths.
 
+    Within a batch the sentences come longest target first: the teacher-forced decoder loop then computes
+    only the sentences whose target has not yet ended (nmt.decoder.active_rows).
+
     With `world_size > 1` (DistributedDataParallel), each global batch is dealt round-robin to the ranks:
     rank r trains on sentences r, r + world, ... of every batch, so every rank takes the same number of
     steps, the ranks' shards are disjoint, and together they cover every sentence once per epoch.
@@ -271,7 +274,7 @@ class TokenBatchSampler:
         bucketing: Bucketing = Bucketing.exact,
     ):
         bucketing = choice(Bucketing, bucketing, "trainer.bucketing")
-        self.src_lengths = src_lengths.tolist()
+        self.src_lengths, self.tgt_lengths = src_lengths.tolist(), tgt_lengths.tolist()
         self.lengths = torch.maximum(src_lengths, tgt_lengths).tolist()
         self.batch_tokens, self.seed, self.shuffle = batch_tokens, seed, shuffle
         self.rank, self.world_size, self.sort_pool = rank, world_size, sort_pool
@@ -318,6 +321,8 @@ class TokenBatchSampler:
             batches[-1].extend(current)  # every rank needs at least one sentence of every batch
         elif current:
             batches.append(current)
+        # longest target first (stable), on every rank: the decoder loop drops sentences as they end
+        batches = [sorted(b, key=self.tgt_lengths.__getitem__, reverse=True) for b in batches]
         if self.shuffle:
             rng.shuffle(batches)
         return batches

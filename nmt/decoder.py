@@ -15,6 +15,9 @@ attention and LSTM, and W_c runs once over all steps after it, or, when the atte
 
 The step loop runs the LSTM written out one step at a time (nmt.lstm: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
+On a batch sorted longest target first (the training sampler's order) the loop leaves each sentence once its
+target has ended: step t computes the sentences longer than t only (`active_rows`), and the positions after
+a sentence's end, which the loss skips, get zeros.
 
 Shapes: B batch, S source length, T target length, E embedding, H decoder hidden, D encoder state, V vocab.
 """
@@ -32,9 +35,10 @@ from nmt.choices import Bridge, Query, choice
 from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
+from nmt.energy import StepKeys
 from nmt.lstm import LayerParams, layer_params, lstm_step
-from nmt.shapes import linear_rows
-from nmt.stepweight import StepWeight
+from nmt.shapes import linear_rows, padded_count
+from nmt.stepweight import StepMatrix, StepWeight
 from nmt.tokenizer import PAD_ID
 
 
@@ -209,8 +213,14 @@ class Decoder(nn.Module):
         params = self.step_params(tgt_in.device)
         keys, values = self.attention.for_steps(keys, values, step_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
+        multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None else 1
+        active = active_rows(tgt_in, multiple)  # rows computed at each step (B while no sentence has ended)
         outputs, contexts, all_weights = [], [], []
-        for x0 in self._inputs(emb, params).unbind(1):  # (B, 4H) per step; unbind: one backward for all steps
+        for x0, n in zip(self._inputs(emb, params).unbind(1), active, strict=True):  # unbind: one backward
+            if n < state.feed.size(0):  # the sentences from row n on have ended: go on without them
+                state = DecoderState(state.h[:, :n], state.c[:, :n], state.feed[:n])
+                keys, values, mask = first_rows(keys, n), first_rows(values, n), mask[:n]
+            x0 = x0 if n == x0.size(0) else x0[:n]  # (n, 4H)
             if self.input_feeding:
                 attn_h, state, weights = self._step(x0, state, keys, values, mask, params)
                 outputs.append(attn_h)
@@ -219,11 +229,47 @@ class Decoder(nn.Module):
                 contexts.append(context)
                 outputs.append(out)
             all_weights.append(weights)
-        weights = torch.stack(all_weights, dim=1)  # (B, T, S)
-        if self.input_feeding:
-            return torch.stack(outputs, dim=1), weights  # (B, T, H)
-        context, out = torch.stack(contexts, dim=1), torch.stack(outputs, dim=1)  # (B, T, D), (B, T, H)
-        return self._attentional(self.combine, context, out), weights  # (B, T, H)
+        if not self.input_feeding:  # (N, D), (N, H) -> h~ (N, H), N the rows computed over all steps
+            outputs = [self._attentional(self.combine, torch.cat(contexts), torch.cat(outputs))]
+        return _unpack(outputs, active, tgt_in.size(1)), _unpack(all_weights, active, tgt_in.size(1))
+
+
+STEP_ROW_MULTIPLE = 8  # under autocast, rows per step rounded up to this: a few matmul shapes (nmt.shapes)
+
+
+def active_rows(tgt_in: Tensor, multiple: int = 1) -> list[int]:
+    """How many sentences (rows) the teacher-forced loop computes at each of the T steps of tgt_in (B, T).
+
+    Where the target lengths do not grow down the batch (the training sampler sorts each batch so), the
+    sentences still being decoded at step t are the first n_t rows: the loop computes those only, n_t
+    rounded up to a multiple of `multiple` (at most B), and the positions after a sentence's end get no
+    output. Otherwise every row at every step."""
+    B, T = tgt_in.shape
+    lengths = (tgt_in != PAD_ID).sum(dim=1).tolist()  # BOS and the target but its last piece: its length
+    if any(a < b for a, b in zip(lengths, lengths[1:], strict=False)):
+        return [B] * T
+    rows, n = [], B
+    for t in range(T):
+        while n > 1 and lengths[n - 1] <= t:
+            n -= 1
+        rows.append(min(B, padded_count(n, multiple)))
+    return rows
+
+
+def first_rows(x, n: int):
+    """The first n sentences of the attention's keys or values (a tensor, StepKeys or StepMatrix)."""
+    return x.rows(n) if isinstance(x, (StepKeys, StepMatrix)) else x[:n]
+
+
+def _unpack(steps: list[Tensor], active: list[int], T: int) -> Tensor:
+    """The loop's per-step rows, (n_t, X) each or already joined (N, X), as (B, T, X) in the batch's order,
+    with zeros where no row was computed."""
+    B = active[0]
+    if all(n == B for n in active):
+        return torch.stack(steps, dim=1) if len(steps) == T else steps[0].view(T, B, -1).transpose(0, 1)
+    rows = torch.cat(steps)  # (N, X), step by step
+    dest = torch.cat([torch.arange(n, device=rows.device) * T + t for t, n in enumerate(active)])  # (N,) in B x T
+    return rows.new_zeros(B * T, rows.size(-1)).index_copy(0, dest, rows).view(B, T, -1)
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

@@ -58,19 +58,22 @@ def _tanh_sum(buf: Tensor, q: Tensor, keys: Tensor, b0: int, b1: int, t0: int, t
 
 class _KeySums:
     """What the keys' gradient needs, summed over the decoder steps that score one batch's keys (filled
-    during backward): dE/dk[b, s] = v * (sum_t g[b, t, s] - sum_t g[b, t, s] tanh^2[b, t, s])."""
+    during backward): dE/dk[b, s] = v * (sum_t g[b, t, s] - sum_t g[b, t, s] tanh^2[b, t, s]). A step may score
+    the keys of the first sentences only (StepKeys.rows: the sentences still being decoded); its sums go into
+    those rows."""
 
-    def __init__(self):
+    def __init__(self, shape: torch.Size):
+        self.shape = shape  # (B, S, A): every sentence's keys
         self.g_tanh2: Tensor | None = None  # (B, S, A)  sum_t g * tanh^2
         self.g: Tensor | None = None  # (B, S)  sum_t g
         self.v: Tensor | None = None  # (A,)
 
     def add_call(self, grad: Tensor, keys: Tensor, v: Tensor) -> None:
-        """Start (at the first call's backward) or go on summing: one call's upstream gradient (B, T, S)."""
+        """Start (at the first call's backward) or go on summing: one call's upstream gradient (b, T, S),
+        for the first b sentences."""
         if self.g is None:
-            self.g_tanh2, self.g, self.v = torch.zeros_like(keys), grad.sum(dim=1), v
-        else:
-            self.g += grad.sum(dim=1)
+            self.g_tanh2, self.g, self.v = keys.new_zeros(self.shape), grad.new_zeros(self.shape[:2]), v
+        self.g[: grad.size(0)] += grad.sum(dim=1)
 
     def add_piece(self, b0: int, b1: int, g: Tensor, tanh2: Tensor) -> None:
         """One piece's g (b, t, S) and tanh^2 (b, t, S, A) (tanh2 is overwritten when t > 1)."""
@@ -104,8 +107,12 @@ class StepKeys(NamedTuple):
         keys = keys.float().contiguous()
         if not (torch.is_grad_enabled() and keys.requires_grad):
             return keys
-        sums = _KeySums()
+        sums = _KeySums(keys.shape)
         return cls(share(keys, sums.take_gradient), sums)
+
+    def rows(self, n: int) -> StepKeys:
+        """The keys of the first n sentences (a view), summing their gradient into the same buffer."""
+        return self if n == self.keys.size(0) else StepKeys(self.keys[:n], self.sums)
 
 
 class _AdditiveEnergy(torch.autograd.Function):
@@ -144,7 +151,7 @@ class _AdditiveEnergy(torch.autograd.Function):
         grad = grad.contiguous()
         grad_q = torch.empty_like(q) if need_q else None  # every piece writes its own block
         grad_v = torch.zeros_like(v) if need_v else None
-        sums = ctx.sums if ctx.sums is not None else _KeySums() if need_k else None
+        sums = ctx.sums if ctx.sums is not None else _KeySums(keys.shape) if need_k else None
         if sums is not None:
             sums.add_call(grad, keys, v)
         g_sum_s = grad.sum(dim=2) if need_q else None  # (B, T)

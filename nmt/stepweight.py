@@ -72,13 +72,20 @@ class _Steps:
         inputs, grads = self._take()
         return pad_rows(torch.cat(grads)).t().mm(pad_rows(torch.cat(inputs)))  # zero rows: nmt.shapes
 
-    def matrix_gradient(self, transpose: bool) -> Tensor | None:
-        """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps."""
+    def matrix_gradient(self, transpose: bool, batch: int) -> Tensor | None:
+        """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps.
+        A step that multiplied the matrices of the first b < B sentences only (StepMatrix.rows) counts zero
+        for the others."""
         if not self.grads:
             return None
         inputs, grads = self._take()
-        a, g = torch.cat(inputs, dim=1), torch.cat(grads, dim=1)  # (B, T, X), (B, T, Y)
+        a, g = torch.cat(_full(inputs, batch), dim=1), torch.cat(_full(grads, batch), dim=1)  # (B, T, X), (B, T, Y)
         return torch.bmm(g.transpose(1, 2), a) if transpose else torch.bmm(a.transpose(1, 2), g)
+
+
+def _full(steps: list[Tensor], batch: int) -> list[Tensor]:
+    """Each step's (b, 1, X) with zero rows appended up to (batch, 1, X)."""
+    return [x if x.size(0) == batch else F.pad(x, (0, 0, 0, 0, 0, batch - x.size(0))) for x in steps]
 
 
 class _StepLinear(torch.autograd.Function):
@@ -155,7 +162,11 @@ class StepMatrix(NamedTuple):
         if not (torch.is_grad_enabled() and matrix.requires_grad):
             return matrix
         steps = _Steps()
-        return cls(share(matrix, partial(steps.matrix_gradient, transpose)), steps, transpose)
+        return cls(share(matrix, partial(steps.matrix_gradient, transpose, matrix.size(0))), steps, transpose)
+
+    def rows(self, n: int) -> StepMatrix:
+        """The matrices of the first n sentences (a view), their gradient summed with the others'."""
+        return self if n == self.matrix.size(0) else StepMatrix(self.matrix[:n], self.steps, self.transpose)
 
     def __call__(self, a: Tensor) -> Tensor:
         return _StepBmm.apply(a.to(self.matrix.dtype), self.matrix, self.steps, self.transpose)

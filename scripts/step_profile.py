@@ -40,6 +40,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.data import collate
+from nmt.decoder import active_rows, first_rows
 from nmt.device import describe_machine, matmul_rate
 from nmt.loss import loss_rows, token_loss
 
@@ -89,6 +90,7 @@ class Phases:
         stepwise = decoder.query == "previous" or decoder.input_feeding
         shape = (B, 1, decoder.hidden_size) if stepwise else (B, T, decoder.hidden_size)
         self.queries = [torch.randn(shape) for _ in range(T if stepwise else 1)]
+        self.active = active_rows(batch.tgt_in) if stepwise else [B]  # the loop's rows at each step
 
     def step(self) -> float:
         """The Trainer's step; returns the optimizer's part of its time."""
@@ -104,12 +106,14 @@ class Phases:
         (keys.sum() + values.sum() + state.h.sum() + state.c.sum()).backward()
 
     def attention(self) -> None:
-        keys, values = self.keys.clone().requires_grad_(), self.values.clone().requires_grad_()
-        if len(self.queries) > 1:  # once per step, as the decoder's loop calls it
+        keys, values, mask = self.keys.clone().requires_grad_(), self.values.clone().requires_grad_(), self.mask
+        if len(self.queries) > 1:  # once per step, as the decoder's loop calls it (its rows: active_rows)
             keys, values = self.model.attention.for_steps(keys, values, None)
         total = 0
-        for q in self.queries:
-            context, _ = self.model.attention(q.requires_grad_(), keys, values, self.mask)
+        for q, n in zip(self.queries, self.active, strict=True):
+            if n < mask.size(0):
+                keys, values, mask = first_rows(keys, n), first_rows(values, n), mask[:n]
+            context, _ = self.model.attention(q[:n].requires_grad_(), keys, values, mask)
             total = total + context.sum()
         total.backward()
 

@@ -107,6 +107,18 @@ def test_sampler_shards_are_disjoint_and_complete(world, bucketing):
     assert all(len(b) > 0 for p in per_rank for b in p)
 
 
+@BUCKETINGS
+@pytest.mark.parametrize("world", [1, 2])
+def test_sampler_batches_come_longest_target_first(world, bucketing):
+    """The decoder loop leaves a sentence when its target ends (nmt.decoder.active_rows): on every rank, each
+    batch holds its sentences longest target first."""
+    src, tgt = _lengths(1000)
+    for rank in range(world):
+        sampler = TokenBatchSampler(src, tgt, 600, seed=5, rank=rank, world_size=world, bucketing=bucketing)
+        for b in sampler.batches(1):
+            assert tgt[b].tolist() == sorted(tgt[b].tolist(), reverse=True)
+
+
 def test_exact_bucketing_gives_full_batches_one_source_length_and_merges_small_ends():
     """A batch is at least half full or holds one source length; small ends of a length's group merge with
     the next length (neighbouring lengths, so little padding), and most batches still have one length."""

@@ -62,7 +62,7 @@ def test_step_keys_sum_the_keys_gradient_over_steps(B, T, S, A, monkeypatch):
     v = torch.randn(A, generator=g, dtype=torch.float64, requires_grad=True)
     qs = [torch.randn(B, 1, A, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(T)]
     upstream = [torch.randn(B, 1, S, generator=g, dtype=torch.float64) for _ in range(T)]
-    sums = energy._KeySums()
+    sums = energy._KeySums(keys.shape)
     shared = energy.share(keys, sums.take_gradient)
     ours = sum((energy._AdditiveEnergy.apply(q, shared, v, sums) * u).sum() for q, u in zip(qs, upstream, strict=True))
     ref = sum((plain(q, keys, v) * u).sum() for q, u in zip(qs, upstream, strict=True))

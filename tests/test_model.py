@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from nmt import decoder as decoder_module
 from nmt.attention import (
     ATTENTIONS,
     AdditiveAttention,
@@ -33,6 +34,7 @@ from nmt.attention import (
 from nmt.cli.common import CONFIG_DIR, build_model_config, compose_config, load_data, typed
 from nmt.cli.schema import schema_of
 from nmt.data import TokenizerSettings, collate
+from nmt.decoder import active_rows
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
 from nmt.loss import loss_rows, token_loss
@@ -376,6 +378,52 @@ def test_keys_and_values_summed_over_steps_give_autograd_gradients(name, query, 
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=0)
     assert grads.keys() == grads_ref.keys()
     tol = dict(rtol=2e-2, atol=2e-3) if amp else dict(rtol=1e-4, atol=1e-6)  # bf16: products rounded elsewhere
+    for k, g in grads_ref.items():
+        torch.testing.assert_close(grads[k], g, **tol, msg=k)
+
+
+TGT_DESCENDING = [9, 9, 8, 7, 7, 5, 4, 3, 3, 2, 1]  # a training batch: longest target first (the sampler's order)
+
+
+def test_active_rows_counts_the_sentences_not_yet_ended():
+    _, _, tgt_in, _ = make_batch([3] * 11, TGT_DESCENDING)
+    assert active_rows(tgt_in) == [11, 10, 9, 7, 6, 5, 5, 3, 2]  # sentences longer than t
+    assert active_rows(tgt_in, multiple=8) == [11, 11, 11, 8, 8, 8, 8, 8, 8]  # rounded up, at most B
+    _, _, unsorted, _ = make_batch([3] * 3, [3, 2, 5])
+    assert active_rows(unsorted) == [3] * 5  # a longer target after a shorter one: every row at every step
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
+@pytest.mark.parametrize("name, query, options", VARIANTS)
+def test_the_loop_without_ended_sentences_gives_the_same_loss_and_gradients(name, query, options, input_feeding, amp):
+    """On a batch sorted longest target first, the teacher-forced loop computes step t for the sentences
+    longer than t only (nmt.decoder.active_rows): the real positions' logits, the loss and every gradient are
+    those of the loop over every row at every step; the positions after a sentence's end get no attention."""
+    model = make_model(name, query, options, input_feeding=input_feeding)
+    src, lengths, tgt_in, tgt_out = make_batch([4, 7, 2, 5, 6, 3, 7, 1, 4, 2, 5], TGT_DESCENDING)
+    real = tgt_out != PAD_ID
+    results = []
+    for drop in (True, False):
+        model.zero_grad()
+        with pytest.MonkeyPatch.context() as mp:
+            if not drop:
+                mp.setattr(decoder_module, "active_rows", lambda tgt_in, multiple=1: [tgt_in.size(0)] * tgt_in.size(1))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+                logits, weights = model(src, lengths, tgt_in)
+            loss, n = token_loss(logits.float(), tgt_out)
+            (loss / n).backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), logits.detach()[real].float(), weights.detach(), grads))
+    (loss, logits, weights, grads), (loss_ref, logits_ref, weights_ref, grads_ref) = results
+    tol = dict(rtol=2e-2, atol=2e-3) if amp else dict(rtol=1e-4, atol=1e-6)  # bf16: other rows, other rounding
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-3 if amp else 1e-5, atol=0)
+    torch.testing.assert_close(logits, logits_ref, **tol)
+    torch.testing.assert_close(weights[real], weights_ref[real], **tol)
+    looped = input_feeding or (query == "previous" and model.attention.reads_query)
+    if looped and model.attention.has_alignment and not amp:  # (bf16: rows rounded up to 8, some computed)
+        assert (weights[~real] == 0).all() and not (weights_ref[~real] == 0).all()
+    assert grads.keys() == grads_ref.keys()
     for k, g in grads_ref.items():
         torch.testing.assert_close(grads[k], g, **tol, msg=k)
 
