@@ -121,7 +121,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             f"{summary['train_minutes']} min; best {best.get('metric')} at step {best.get('step')}: "
             f"BLEU {best.get('bleu')} chrF {best.get('chrf')} ppl {best.get('ppl')} -> {summary['best_checkpoint']}"
         )
-    if world > 1:
+    if world > 1:  # leave together: a rank that tears gloo down while another still runs can abort at exit
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return summary
 
