@@ -9,10 +9,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from nmt.memory import ENV_DEFAULTS, MMAP_THRESHOLD, TRIM_THRESHOLD, VARIABLES
+from nmt.memory import ENV_DEFAULTS, MMAP_THRESHOLD, SCRIPTS, TRIM_THRESHOLD, VARIABLES, find_malloc, started_as_command
 
 PROBE = """
 import json, os
@@ -30,7 +31,8 @@ print(json.dumps({"applied": _applied, "env": {k: os.environ.get(k) for k in key
 def clean_env() -> dict[str, str]:
     """This environment without the variables the settings read, nor torch's huge-page switch, which they
     leave alone (a user's own would change the outcome)."""
-    return {k: v for k, v in os.environ.items() if k not in (*VARIABLES, "THP_MEM_ALLOC_ENABLE")}
+    drop = (*VARIABLES, "THP_MEM_ALLOC_ENABLE", "LD_PRELOAD", "NMT_MALLOC_PRELOADED")
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def probe(**env: str) -> dict:
@@ -122,3 +124,97 @@ def test_decoding_settings_leave_the_users_choice_alone():
     assert set(out["applied"]) == {"decoding: malloc trim threshold"}
     off = decoding_probe(NMT_TUNE_ALLOCATOR="0")
     assert off["applied"] == {}
+
+
+PRELOAD_PROBE = """
+import json, os
+from nmt.memory import glibc_malloc, heap_bytes, preload_malloc, untuned_environment
+malloc = preload_malloc()  # starts this interpreter again where it preloads a library
+child = untuned_environment()
+print(json.dumps({"malloc": malloc, "preload": os.environ.get("LD_PRELOAD"), "glibc_malloc": glibc_malloc(),
+                  "heap": heap_bytes() is not None,
+                  "child": [child.get("LD_PRELOAD"), child.get("NMT_MALLOC_PRELOADED")]}))
+"""
+
+
+def preload_probe(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, timeout=120, env={**clean_env(), **env}
+    )
+
+
+def preload_out(**env: str) -> dict:
+    proc = preload_probe(**env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def the_c_library() -> Path:
+    """The path of the glibc this interpreter runs on: preloading it again changes nothing, so the tests can
+    go through preload_malloc's restart on any Linux machine, with or without tcmalloc."""
+    with open("/proc/self/maps") as maps:
+        return Path(next(line.split()[-1] for line in maps if "/libc.so" in line or "/libc-" in line))
+
+
+@glibc_only
+def test_a_malloc_library_named_by_path_is_preloaded_and_children_get_the_users_environment(tmp_path):
+    link = tmp_path / "libmymalloc.so"
+    link.symlink_to(the_c_library())
+    out = preload_out(NMT_MALLOC=str(link))
+    assert out["preload"] == str(link.resolve()) == out["malloc"]  # restarted once with it (a loop would hang)
+    assert out["child"] == [None, None]  # the peers of scripts/benchmark.py start as the user's shell would
+
+
+@glibc_only
+def test_glibc_the_switch_and_the_users_own_preload_are_left_alone(tmp_path):
+    link = tmp_path / "libmymalloc.so"
+    link.symlink_to(the_c_library())
+    assert preload_out(NMT_MALLOC="glibc")["preload"] is None
+    assert preload_out(NMT_MALLOC=str(link), NMT_TUNE_ALLOCATOR="0")["preload"] is None
+    own = preload_out(NMT_MALLOC=str(link), LD_PRELOAD=str(the_c_library()))
+    assert own["preload"] == own["malloc"] == str(the_c_library()) == own["child"][0]  # the user's, passed on
+
+
+@glibc_only
+def test_auto_runs_under_tcmalloc_where_the_system_has_it():
+    out = preload_out()
+    tcmalloc = find_malloc("tcmalloc")
+    if tcmalloc is None:  # the machine has none: glibc, as before
+        assert out["malloc"] == "glibc" and out["preload"] is None and out["glibc_malloc"]
+    else:
+        assert out["malloc"] == "tcmalloc" and out["preload"] == str(tcmalloc)
+        assert not out["glibc_malloc"] and out["heap"]  # heap figures from tcmalloc's own counters
+
+
+@glibc_only
+@pytest.mark.parametrize("name", ["bogus", "/no/such/libmalloc.so", "jemalloc"])
+def test_an_unknown_or_missing_malloc_is_a_clear_error(name):
+    proc = preload_probe(NMT_MALLOC=name)
+    if name == "jemalloc" and find_malloc("jemalloc") is not None:  # installed here: it is used
+        assert proc.returncode == 0 and json.loads(proc.stdout.splitlines()[-1])["malloc"] == "jemalloc"
+        return
+    assert proc.returncode == 2 and proc.stderr.startswith(f"nmt: NMT_MALLOC={name}".replace("=bogus", "='bogus'"))
+    fix = {"bogus": "use auto, tcmalloc, jemalloc, glibc", "jemalloc": "apt install libjemalloc2"}
+    assert fix.get(name, "no such file") in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_commands_and_scripts_are_told_from_other_programs():
+    python = sys.executable
+    assert started_as_command([python, "/venv/bin/nmt-train", "attention=luong"])
+    assert started_as_command([python, "-m", "nmt.cli.translate", "ckpt.pt"])
+    assert started_as_command([python, "-u", str(SCRIPTS / "benchmark.py"), "--peer", "opennmt"])
+    assert not started_as_command([python, "-m", "pytest", "-q"])
+    assert not started_as_command([python, "-c", "import nmt.cli"])
+    assert not started_as_command([python, "/home/me/train_my_model.py"])
+    assert not started_as_command([python, "-X", "importtime", "-c", "import nmt.cli"])
+    assert not started_as_command([python])
+
+
+def test_find_malloc_takes_the_first_library_in_order(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    (first / "libtcmalloc.so.4").touch()
+    assert find_malloc("tcmalloc", [first, second]) == first / "libtcmalloc.so.4"
+    (second / "libtcmalloc_minimal.so.4").touch()  # the minimal library comes first, in whichever directory
+    assert find_malloc("tcmalloc", [first, second]) == second / "libtcmalloc_minimal.so.4"
+    assert find_malloc("jemalloc", [first, second]) is None

@@ -1,8 +1,12 @@
 """Command-line entry points: the only modules that import Hydra.
 
 Importing this package first tunes the process's CPU memory settings (nmt/memory.py), which only take
-effect before torch is loaded: every entry point is a module in this package, so that comes first."""
+effect before torch is loaded: every entry point is a module in this package, so that comes first. When the
+process is one of the commands (not a library user, nor the tests), it first starts again under tcmalloc where
+the system has it (nmt.memory.preload_malloc)."""
 
-from nmt.memory import tune_allocator
+from nmt.memory import preload_malloc, started_as_command, tune_allocator
 
+if started_as_command():
+    preload_malloc()
 tune_allocator()
