@@ -34,7 +34,7 @@ The malloc itself: on Linux the commands run under tcmalloc (gperftools) where t
 (`preload_malloc()`: the process starts again with it in LD_PRELOAD, before torch is loaded). glibc's heap
 keeps the pages of freed tensors of many sizes (0.55-0.78 GiB free but held at the peak on the
 multi30k_deen preset); tcmalloc reuses blocks by size class and returns free spans, and trained that preset
-19-33% faster at 1.41-1.44 GiB peak against 1.70-2.00 GiB (README, "Where the memory went"). NMT_MALLOC picks:
+17-33% faster at 1.41-1.44 GiB peak against 1.70-2.00 GiB (README, "Where the memory went"). NMT_MALLOC picks:
 auto (tcmalloc if found, else glibc), tcmalloc, jemalloc or glibc. Without tcmalloc nothing changes.
 
 The two cache sizes are read by oneDNN and ideep when they start, so `tune_allocator()` must run before torch
