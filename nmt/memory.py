@@ -53,6 +53,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from nmt.errors import ConfigError
+
 ENV_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096", "LRU_CACHE_CAPACITY": "128"}
 # every variable the settings read (a value already in the environment wins; the switch turns them all off)
 VARIABLES = (*ENV_DEFAULTS, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "NMT_TUNE_ALLOCATOR", "NMT_MALLOC")
@@ -136,18 +138,18 @@ COMMAND_PREFIX = "nmt-"  # the console scripts' names (pyproject.toml)
 
 def malloc_choice() -> str:
     """NMT_MALLOC's value: auto (the default), glibc, tcmalloc, jemalloc, or the path of a malloc library;
-    exits with a one-line message (status 2) for anything else."""
+    a ConfigError for anything else (the commands print it as one line and exit with status 2)."""
     raw = os.environ.get("NMT_MALLOC", "auto").strip()
     choice = raw.lower() or "auto"
     if "/" in raw:
         if not Path(raw).is_file():
-            _exit(
+            raise ConfigError(
                 f"NMT_MALLOC={raw}: no such file; give the path of a malloc library (libtcmalloc_minimal.so.4, "
                 "libjemalloc.so.2), or one of auto, tcmalloc, jemalloc, glibc, or unset it"
             )
         return raw
     if choice not in ("auto", "glibc", *MALLOC_LIBRARIES):
-        _exit(
+        raise ConfigError(
             f"NMT_MALLOC={raw!r} is not a choice: use auto, tcmalloc, jemalloc, glibc or the path of a "
             "malloc library (or unset it)"
         )
@@ -200,7 +202,7 @@ def preload_malloc() -> str:
     A malloc can only be chosen before the process starts, so this restarts it: call it first thing, before
     anything is printed or computed. glibc stays off Linux, with NMT_MALLOC=glibc or NMT_TUNE_ALLOCATOR=0,
     when the user has set LD_PRELOAD, and when NMT_MALLOC=auto finds no tcmalloc; NMT_MALLOC naming a
-    library that is not installed exits with status 2 and says how to install it."""
+    library that is not installed raises a ConfigError that says how to install it."""
     choice = malloc_choice()
     preload = os.environ.get("LD_PRELOAD", "").strip()
     if os.environ.get(_PRELOADED):  # the second start: record what was set, for untuned_environment()
@@ -216,7 +218,7 @@ def preload_malloc() -> str:
         found = find_malloc("tcmalloc" if choice == "auto" else choice)  # auto: jemalloc trained slower
     if found is None:
         if choice != "auto":
-            _exit(
+            raise ConfigError(
                 f"NMT_MALLOC={choice}: none of {', '.join(MALLOC_LIBRARIES[choice])} in "
                 f"{', '.join(map(str, library_dirs()))}; install it ({MALLOC_PACKAGES[choice]}), give its "
                 "path as NMT_MALLOC, or unset NMT_MALLOC"
@@ -226,11 +228,6 @@ def preload_malloc() -> str:
     sys.stderr.flush()
     os.execve(sys.executable, list(sys.orig_argv), {**os.environ, "LD_PRELOAD": str(found), _PRELOADED: str(found)})
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _exit(message: str) -> None:
-    print(f"nmt: {message}", file=sys.stderr)
-    raise SystemExit(2)
 
 
 def glibc() -> ctypes.CDLL | None:

@@ -5,8 +5,10 @@ effect before torch is loaded: every entry point is a module in this package, so
 process is one of the commands (not a library user, nor the tests), it first starts again under tcmalloc where
 the system has it (nmt.memory.preload_malloc)."""
 
+from nmt.errors import command_errors
 from nmt.memory import preload_malloc, started_as_command, tune_allocator
 
 if started_as_command():
-    preload_malloc()
+    with command_errors("nmt"):  # a wrong NMT_MALLOC: one line, exit status 2
+        preload_malloc()
 tune_allocator()
