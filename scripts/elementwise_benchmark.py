@@ -1,4 +1,4 @@
-"""python scripts/elementwise_benchmark.py [--elements N] [--threads 1 2] [--out FILE]
+"""python scripts/elementwise_benchmark.py [--elements N] [--threads 1 2] [--seconds S] [--out FILE]
 
 Nanoseconds per element of the elementwise kernels the additive attention could use, on this CPU:
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import nmt.cli  # noqa: F401  (the commands' malloc and memory settings: must come before torch)
@@ -58,10 +59,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--elements", type=int, default=1 << 18, help="buffer size in elements (default 2^18)")
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts (default 1 2)")
+    p.add_argument("--seconds", type=float, default=0.5, help="seconds timed per kernel (default 0.5)")
     p.add_argument("--out", help="also write the results as JSON to this file")
     args = p.parse_args()
-    if args.elements < 1 or min(args.threads) < 1:
-        p.error("--elements and --threads must be at least 1")
+    if args.elements < 1 or min(args.threads) < 1 or args.seconds <= 0:
+        p.error("--elements and --threads must be at least 1, --seconds above 0")
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -71,9 +73,11 @@ def main() -> None:
             x, y = (torch.randn(args.elements, generator=g).to(dtype) for _ in range(2))
             out = torch.empty_like(x)
             table = kernels(x, y, out)
-            copy = per_element(table.pop("copy"), args.elements)  # subtracted: every in-place kernel copies first
+            copy = per_element(
+                table.pop("copy"), args.elements, args.seconds
+            )  # subtracted: every in-place kernel copies first
             for name, fn in table.items():
-                ns = per_element(fn, args.elements)
+                ns = per_element(fn, args.elements, args.seconds)
                 ns = ns if name == "add" else max(ns - copy, 0.0)
                 rows.append({"threads": threads, "dtype": str(dtype).removeprefix("torch."), "kernel": name, "ns": ns})
     z = torch.randn(args.elements, generator=g)  # fp32
@@ -92,7 +96,14 @@ def main() -> None:
     )
     if args.out:
         machine = describe_machine(max(args.threads))
-        result = {"elements": args.elements, "machine": machine, "results": rows, "max_abs_error": error}
+        result = {
+            "command": "python " + " ".join(sys.argv),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "elements": args.elements,
+            "machine": machine,
+            "results": rows,
+            "max_abs_error": error,
+        }
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)
 

@@ -305,6 +305,23 @@ def test_memory_trace_records_every_step(tmp_path):
     assert f"step {report['steps']}:" in proc.stdout
 
 
+def test_elementwise_benchmark_reports_every_kernel(tmp_path):
+    """scripts/elementwise_benchmark.py: a row per thread count, dtype and kernel; the sigmoid form that
+    nmt.energy uses is within 1e-6 of fp64 tanh. Speeds are never asserted."""
+    out = tmp_path / "elementwise.json"
+    cmd = [sys.executable, str(SCRIPT.parent / "elementwise_benchmark.py"), "--elements", "4096", "--threads", "1"]
+    proc = subprocess.run([*cmd, "--seconds", "0.01", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    kernels = {"tanh_", "sigmoid form", "sigmoid_", "exp_", "add"}
+    assert {(r["dtype"], r["kernel"]) for r in report["results"]} == {
+        (d, k) for d in ("float32", "bfloat16") for k in kernels
+    }
+    assert all(r["threads"] == 1 and r["ns"] >= 0 for r in report["results"])
+    assert report["max_abs_error"]["sigmoid form"] < 1e-6 and report["machine"]["threads"] == 1
+    assert "sigmoid form" in proc.stdout
+
+
 @pytest.mark.parametrize("attention", ["bahdanau", "luong"])
 def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
     """scripts/step_profile.py on a tiny synthetic setting: the phases sum to the step, the matmul-heavy ones
