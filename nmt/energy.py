@@ -180,7 +180,7 @@ class _AdditiveEnergy(torch.autograd.Function):
 def additive_energy(q: Tensor, keys: Tensor | StepKeys, v: Tensor) -> Tensor:
     """v^T tanh(q_t + k_s) for every query step t and source position s: (B, T, A), (B, S, A), (A,) -> (B, T, S).
 
-    Computed in fp32 (inputs are cast), in pieces, with a backward that recomputes the tanh. With StepKeys
+    Computed in fp32 (inputs are cast), in pieces, with a backward that recomputes the sigmoids. With StepKeys
     (a decoder loop calling this once per step), the keys' gradient is summed in place over the steps."""
     keys, sums = (keys.keys, keys.sums) if isinstance(keys, StepKeys) else (keys.float().contiguous(), None)
     return _AdditiveEnergy.apply(q.float().contiguous(), keys, v.float(), sums)
