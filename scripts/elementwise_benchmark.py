@@ -8,13 +8,15 @@ Nanoseconds per element of the elementwise kernels the additive attention could 
 For each thread count and dtype (fp32, bf16) it times, in place on a buffer of --elements values (the default,
 2^18 fp32 values, is one of nmt.energy's 1 MiB pieces):
     tanh_              torch's tanh
-    sigmoid form       x.mul_(2).sigmoid_().mul_(2).sub_(1): tanh(x) = 2 sigmoid(2x) - 1, as nmt.energy computes it
+    sigmoid form       x.mul_(2).sigmoid_().mul_(2).sub_(1): tanh(x) = 2 sigmoid(2x) - 1 in full (nmt.energy
+                       computes sigmoid(2x) and folds the rest into its reductions, so it pays less than this)
     sigmoid_           torch's sigmoid alone
     exp_               torch's exp
     add                x + y into a third buffer (a plain memory-bound pass, for scale)
 and the largest difference of each fp32 form from fp64 tanh over standard normal values.
-nmt.energy uses the sigmoid form because torch's CPU tanh kernel was 4-8x slower than its sigmoid kernel on
-the machines measured (README, "Long inputs"); run this to see whether that holds on yours.
+nmt.energy uses the sigmoid because torch's CPU fp32 tanh kernel was about 7x slower than the whole sigmoid
+form on the one machine measured so far, the AMD EPYC (README, "Long inputs"); run this to see whether that
+holds on yours.
 """
 
 from __future__ import annotations
@@ -73,9 +75,8 @@ def main() -> None:
             x, y = (torch.randn(args.elements, generator=g).to(dtype) for _ in range(2))
             out = torch.empty_like(x)
             table = kernels(x, y, out)
-            copy = per_element(
-                table.pop("copy"), args.elements, args.seconds
-            )  # subtracted: every in-place kernel copies first
+            # every in-place kernel copies x into out first: that copy's time is subtracted
+            copy = per_element(table.pop("copy"), args.elements, args.seconds)
             for name, fn in table.items():
                 ns = per_element(fn, args.elements, args.seconds)
                 ns = ns if name == "add" else max(ns - copy, 0.0)
