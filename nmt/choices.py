@@ -32,6 +32,15 @@ class Amp(Choice):
     off = "off"
 
 
+class Kernels(Choice):
+    """The additive energy's kernels in training (nmt.compiled): eager (the default) never compiles; auto
+    compiles with torch.compile on a CPU with a C++ compiler, else eager; compiled insists."""
+
+    auto = "auto"
+    compiled = "compiled"
+    eager = "eager"
+
+
 class Bucketing(Choice):
     """exact: every batch's sources share one length (no encoder padding); sorted: lengths mixed."""
 

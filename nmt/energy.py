@@ -22,6 +22,11 @@ tanh' = 4 w with w = sigma (1 - sigma), so no pass turns the sigmoids into tanh 
 The elementwise work runs in fp32 whatever the autocast dtype: fp32 keeps the scores as exact as the
 unfused fp32 form (tested against it).
 
+Where a Trainer chose compiled kernels (trainer.kernels, nmt.compiled), the same arithmetic runs as loops
+that torch.compile generates (the end of this file): the forward reduces each sigmoid with v as it is
+computed, and a decoder step's backward adds its share of the keys' gradient inside the kernel, where the
+eager pieces make nine passes over their buffer. Both are tested against the plain form.
+
     scores = additive_energy(q, keys, v)   # q (B, T, A), keys (B, S, A), v (A,) -> (B, T, S) fp32
 
 Shapes: B batch, T query steps, S source length, A attention size.
@@ -34,14 +39,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from nmt.compiled import compiled
 from nmt.stepweight import share
 
 CHUNK_ELEMENTS = 1 << 18  # elements of one piece's (rows, S, A) buffer: 1 MiB in fp32, within a core's L2
 
 
-def _pieces(B: int, T: int, S: int, A: int):
-    """(b0, b1, t0, t1) blocks covering B x T with about CHUNK_ELEMENTS elements of (S, A) work each."""
-    rows = max(1, CHUNK_ELEMENTS // (S * A))  # (sentence, step) rows per piece
+def _pieces(B: int, T: int, S: int, A: int, chunk: int | None = None):
+    """(b0, b1, t0, t1) blocks covering B x T with about `chunk` (default CHUNK_ELEMENTS) elements of (S, A)
+    work each."""
+    rows = max(1, (chunk or CHUNK_ELEMENTS) // (S * A))  # (sentence, step) rows per piece
     tc = min(T, rows)
     bc = max(1, rows // tc)
     for b0 in range(0, B, bc):
@@ -126,16 +133,11 @@ class _AdditiveEnergy(torch.autograd.Function):
 
     @staticmethod
     def _forward(ctx, q: Tensor, keys: Tensor, v: Tensor, sums: _KeySums | None) -> Tensor:
-        B, T, A = q.shape
-        S = keys.size(1)
         ctx.save_for_backward(q, keys, v)
         ctx.sums = sums
-        scores = q.new_empty(B, T, S)  # (B, T, S)
-        buf, q2 = _buffer(q, S), 2 * q
-        v2, v_sum = 2 * v, v.sum()  # v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v)
-        for b0, b1, t0, t1 in _pieces(B, T, S, A):
-            sig = _sigmoids(buf, q2, keys, b0, b1, t0, t1)  # (b, t, S, A)
-            scores[b0:b1, t0:t1] = torch.mv(sig.view(-1, A), v2).sub_(v_sum).view(b1 - b0, t1 - t0, S)
+        scores = q.new_empty(q.size(0), q.size(1), keys.size(1))  # (B, T, S)
+        if not _compiled_scores(scores, q, keys, v):
+            _eager_scores(scores, q, keys, v)
         return scores
 
     @staticmethod
@@ -146,35 +148,131 @@ class _AdditiveEnergy(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, grad: Tensor):
         """With sigma = sigmoid(2 (q + k)), tanh = 2 sigma - 1 and tanh' = 4 w, w = sigma (1 - sigma):
-        dE/dv = 2 sum g sigma - sum g, dE/dq = 4 v sum_s g w, dE/dk = 4 v sum_t g w; the sums over s are
-        matmuls, the sums over t in-place additions."""
+        dE/dv = 2 sum g sigma - sum g, dE/dq = 4 v sum_s g w, dE/dk = 4 v sum_t g w."""
         q, keys, v = ctx.saved_tensors
-        B, T, A = q.shape
-        S = keys.size(1)
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         need_k = need_k or ctx.sums is not None
         grad = grad.contiguous()
         grad_q = torch.empty_like(q) if need_q else None  # every piece writes its own block
-        grad_v = torch.zeros_like(v) if need_v else None
+        g_sigma = torch.zeros_like(v) if need_v else None  # sum g sigma
         sums = ctx.sums if ctx.sums is not None else _KeySums(keys.shape) if need_k else None
         if sums is not None:
             sums.start(keys, v)
-        buf, q2, v4 = _buffer(q, S), 2 * q, 4 * v
-        for b0, b1, t0, t1 in _pieces(B, T, S, A):
-            sig = _sigmoids(buf, q2, keys, b0, b1, t0, t1)  # (b, t, S, A)
-            g = grad[b0:b1, t0:t1]  # (b, t, S)
-            if need_v:
-                grad_v.addmv_(sig.view(-1, A).t(), g.reshape(-1))  # sum g sigma
-            w = sig.addcmul_(sig, sig, value=-1)  # sigma - sigma^2, in place
-            if need_q:
-                g_w = torch.bmm(g.reshape(-1, 1, S), w.view(-1, S, A)).view(b1 - b0, t1 - t0, A)  # sum_s g w
-                torch.mul(g_w, v4, out=grad_q[b0:b1, t0:t1])
-            if sums is not None:
-                sums.add_piece(b0, b1, g, w)
-        if need_v:
-            grad_v = grad_v.mul_(2).sub_(grad.sum())
+        if not _compiled_gradients(grad, q, keys, v, grad_q, g_sigma, sums):
+            _eager_gradients(grad, q, keys, v, grad_q, g_sigma, sums)
+        grad_v = g_sigma.mul_(2).sub_(grad.sum()) if need_v else None
         grad_k = sums.gradient() if sums is not None and ctx.sums is None else None
         return grad_q, grad_k, grad_v, None
+
+
+def _eager_scores(scores: Tensor, q: Tensor, keys: Tensor, v: Tensor) -> None:
+    """The scores (B, T, S) into `scores`, piece by piece through one reused buffer."""
+    B, T, A = q.shape
+    S = keys.size(1)
+    buf, q2 = _buffer(q, S), 2 * q
+    v2, v_sum = 2 * v, v.sum()  # v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v)
+    for b0, b1, t0, t1 in _pieces(B, T, S, A):
+        sig = _sigmoids(buf, q2, keys, b0, b1, t0, t1)  # (b, t, S, A)
+        scores[b0:b1, t0:t1] = torch.mv(sig.view(-1, A), v2).sub_(v_sum).view(b1 - b0, t1 - t0, S)
+
+
+def _eager_gradients(grad, q, keys, v, grad_q, g_sigma, sums) -> None:
+    """Piece by piece: the sums over s are matmuls, the sums over t in-place additions (_KeySums)."""
+    B, T, A = q.shape
+    S = keys.size(1)
+    buf, q2, v4 = _buffer(q, S), 2 * q, 4 * v
+    for b0, b1, t0, t1 in _pieces(B, T, S, A):
+        sig = _sigmoids(buf, q2, keys, b0, b1, t0, t1)  # (b, t, S, A)
+        g = grad[b0:b1, t0:t1]  # (b, t, S)
+        if g_sigma is not None:
+            g_sigma.addmv_(sig.view(-1, A).t(), g.reshape(-1))  # sum g sigma
+        w = sig.addcmul_(sig, sig, value=-1)  # sigma - sigma^2, in place
+        if grad_q is not None:
+            g_w = torch.bmm(g.reshape(-1, 1, S), w.view(-1, S, A)).view(b1 - b0, t1 - t0, A)  # sum_s g w
+            torch.mul(g_w, v4, out=grad_q[b0:b1, t0:t1])
+        if sums is not None:
+            sums.add_piece(b0, b1, g, w)
+
+
+# ---------------------------------------------------------------------------------- compiled kernels
+# The same arithmetic written for torch.compile (nmt.compiled), which turns each function into a few loops
+# that do every step per element: the forward never stores the sigmoids, the backward once. A decoder loop
+# calls the energy one step at a time (T = 1): its functions drop the T axis, so that the keys' sum over
+# steps is an in-place addition inside the kernel. Pieces of at most COMPILED_CHUNK_ELEMENTS bound what the
+# backward stores.
+
+COMPILED_CHUNK_ELEMENTS = 1 << 22  # a piece's (rows, S, A) sigmoids in the backward: 16 MiB in fp32
+
+
+def _scores_math(q: Tensor, keys: Tensor, v: Tensor) -> Tensor:
+    """(b, t, A), (b, S, A), (A,) -> (b, t, S): (2v)^T sigmoid(2 (q + k)) - sum(v)."""
+    sig = torch.sigmoid(2 * (q[:, :, None, :] + keys[:, None, :, :]))
+    return (sig * (2 * v)).sum(-1) - v.sum()
+
+
+def _step_scores_math(q: Tensor, keys: Tensor, v: Tensor) -> Tensor:
+    """One step: (b, A), (b, S, A), (A,) -> (b, S)."""
+    sig = torch.sigmoid(2 * (q[:, None, :] + keys))
+    return (sig * (2 * v)).sum(-1) - v.sum()
+
+
+def _gradient_math(q: Tensor, keys: Tensor, g: Tensor, g_w_keys: Tensor) -> tuple[Tensor, Tensor]:
+    """For g (b, t, S): adds sum_t g w into g_w_keys (b, S, A) in place; returns sum_s g w (b, t, A) and
+    sum_{t, s} g sigma (b, A)."""
+    sig = torch.sigmoid(2 * (q[:, :, None, :] + keys[:, None, :, :]))
+    g_sig = g[..., None] * sig
+    g_w = g_sig - g_sig * sig  # g sigma (1 - sigma)
+    g_w_keys.add_(g_w.sum(1))
+    return g_w.sum(2), g_sig.sum((1, 2))
+
+
+def _step_gradient_math(q: Tensor, keys: Tensor, g: Tensor, g_w_keys: Tensor) -> tuple[Tensor, Tensor]:
+    """One step, g (b, S): adds g w into g_w_keys (b, S, A) in place; returns sum_s g w and sum_s g sigma,
+    (b, A) each."""
+    sig = torch.sigmoid(2 * (q[:, None, :] + keys))
+    g_sig = g[..., None] * sig
+    g_w = g_sig - g_sig * sig
+    g_w_keys.add_(g_w)
+    return g_w.sum(1), g_sig.sum(1)
+
+
+def _compiled_scores(scores: Tensor, q: Tensor, keys: Tensor, v: Tensor) -> bool:
+    """The scores through the compiled kernels; False (nothing written) when the kernels are eager."""
+    B, T, A = q.shape
+    step = T == 1
+    fn = compiled(_step_scores_math if step else _scores_math)
+    if fn is None or q.device.type != "cpu":
+        return False
+    for b0, b1, t0, t1 in _pieces(B, T, keys.size(1), A, COMPILED_CHUNK_ELEMENTS):
+        piece = fn(q[b0:b1, 0], keys[b0:b1], v) if step else fn(q[b0:b1, t0:t1], keys[b0:b1], v)
+        if piece is None:  # compiling failed: the kernels are eager now (nmt.compiled)
+            return False
+        scores[b0:b1, t0:t1] = piece.view(b1 - b0, t1 - t0, -1)
+    return True
+
+
+def _compiled_gradients(grad, q, keys, v, grad_q, g_sigma, sums) -> bool:
+    """The backward's sums through the compiled kernels; False (nothing written) when the kernels are eager."""
+    B, T, A = q.shape
+    step = T == 1
+    fn = compiled(_step_gradient_math if step else _gradient_math)
+    if fn is None or q.device.type != "cpu":
+        return False
+    v4 = 4 * v
+    for b0, b1, t0, t1 in _pieces(B, T, keys.size(1), A, COMPILED_CHUNK_ELEMENTS):
+        g_w_keys = sums.g_w[b0:b1] if sums is not None else torch.zeros_like(keys[b0:b1])  # (b, S, A)
+        g = grad[b0:b1, t0:t1]
+        out = fn(q[b0:b1, 0], keys[b0:b1], g[:, 0], g_w_keys) if step else fn(q[b0:b1, t0:t1], keys[b0:b1], g, g_w_keys)
+        if out is None:
+            if (b0, t0) != (0, 0):  # earlier pieces have added into the keys' sums: eager would add them again
+                raise RuntimeError("the compiled additive energy failed part way through a backward pass")
+            return False
+        g_w_s, g_sig = out
+        if grad_q is not None:
+            torch.mul(g_w_s.view(b1 - b0, t1 - t0, A), v4, out=grad_q[b0:b1, t0:t1])
+        if g_sigma is not None:
+            g_sigma += g_sig.sum(0)
+    return True
 
 
 def additive_energy(q: Tensor, keys: Tensor | StepKeys, v: Tensor) -> Tensor:

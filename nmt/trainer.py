@@ -32,7 +32,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.choices import Amp, Bucketing, Metric, Optimizer, Schedule, choice
+from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, Schedule, choice
+from nmt.compiled import set_kernels
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
 from nmt.device import use_bf16
 from nmt.errors import CheckpointError, NMTError
@@ -66,6 +67,7 @@ class TrainerConfig:
     length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     max_bad_steps: int = 5  # consecutive non-finite losses before giving up
     amp: Amp = Amp.auto  # auto (bf16 where the hardware has it: CUDA, CPUs with AVX-512 BF16/AMX) | bf16 | off
+    kernels: Kernels = Kernels.eager  # eager | auto (additive energy compiled on a CPU with a C++ compiler) | compiled
     progress: bool = True
 
 
@@ -118,6 +120,7 @@ class Trainer:
             best_metric=choice(Metric, config.best_metric, "trainer.best_metric").value,
             bucketing=choice(Bucketing, config.bucketing, "trainer.bucketing").value,
             amp=choice(Amp, config.amp, "trainer.amp").value,
+            kernels=choice(Kernels, config.kernels, "trainer.kernels").value,
         )
         optim = replace(
             optim,
@@ -156,6 +159,8 @@ class Trainer:
             config.bucketing,
         )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+        self.kernels = set_kernels(config.kernels, self.device).value  # resolved (nmt.compiled)
+        log.info("kernels: %s (trainer.kernels=%s)", self.kernels, config.kernels)
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0
         self.elapsed = 0.0

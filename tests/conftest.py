@@ -37,6 +37,27 @@ def quick_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def torch_compiles() -> bool:
+    """Whether torch.compile works on this machine (it needs a C++ compiler): the tests of the compiled
+    kernels (nmt.compiled) are skipped where it does not."""
+    try:
+        torch.compile(lambda x: x.sigmoid() * 2, dynamic=True)(torch.randn(3))
+    except Exception:  # no compiler, no Python headers: Inductor's errors have no common base
+        return False
+    return True
+
+
+@pytest.fixture(autouse=True)
+def eager_kernels_after_each_test():
+    """A Trainer chooses the process's kernels (nmt.compiled): put them back to eager after each test, so that
+    tests of the eager code never run compiled kernels a Trainer of an earlier test chose."""
+    yield
+    from nmt.compiled import set_kernels
+
+    set_kernels("eager")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module: tiny ops gain nothing from more, and on a shared 2-core machine

@@ -3,8 +3,11 @@
 import pytest
 import torch
 
+import nmt.compiled as compiled_module
 import nmt.energy as energy
+from nmt.compiled import set_kernels
 from nmt.energy import additive_energy
+from nmt.errors import ConfigError
 
 
 def plain(q, keys, v):
@@ -93,3 +96,93 @@ def test_step_keys_are_plain_keys_without_gradients():
     assert isinstance(energy.StepKeys.of(keys.requires_grad_()), energy.StepKeys)
     with torch.no_grad():
         assert isinstance(energy.StepKeys.of(keys), torch.Tensor)
+
+
+# ------------------------------------------------------------------------------ compiled kernels (nmt.compiled)
+
+
+@pytest.fixture
+def compiled(torch_compiles):
+    """The kernels compiled by torch.compile; skipped where this machine cannot compile (no C++ compiler)."""
+    if not torch_compiles:
+        pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
+    set_kernels("compiled")  # the autouse fixture of conftest.py sets eager after every test
+
+
+@pytest.mark.parametrize("B,T,S,A", [(3, 1, 5, 7), (1, 1, 9, 16), (4, 6, 9, 8), (5, 1, 700, 600), (2, 3, 40, 32)])
+def test_compiled_energy_and_gradients_equal_the_exact_form(B, T, S, A, compiled, monkeypatch):
+    """The compiled kernels (one step: T = 1, or many) give the fp64 plain form's scores and gradients to fp32
+    accuracy, in pieces too."""
+    monkeypatch.setattr(energy, "COMPILED_CHUNK_ELEMENTS", 4096)
+    g = torch.Generator().manual_seed(B * 100 + T)
+    q, keys, v = (torch.randn(*shape, generator=g) for shape in ((B, T, A), (B, S, A), (A,)))
+    upstream = torch.randn(B, T, S, generator=g)
+    ours = [x.clone().requires_grad_() for x in (q, keys, v)]
+    exact = [x.double().requires_grad_() for x in (q, keys, v)]
+    scores, ref = additive_energy(*ours), plain(*exact)
+    torch.testing.assert_close(scores.double(), ref, rtol=0, atol=2e-5)
+    grads, exact_grads = torch.autograd.grad(scores, ours, upstream), torch.autograd.grad(ref, exact, upstream.double())
+    for a, b in zip(grads, exact_grads, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_step_keys_sum_the_keys_gradient_over_steps(compiled):
+    """A decoder loop's steps, compiled, add their parts of the keys' gradient in place, the first rows only
+    where a step scores fewer sentences, as autograd's per-step gradients add up."""
+    g = torch.Generator().manual_seed(5)
+    B, S, A = 4, 11, 16
+    keys, v = torch.randn(B, S, A, generator=g, requires_grad=True), torch.randn(A, generator=g, requires_grad=True)
+    rows = [4, 4, 3, 1]  # the sentences still decoded at each step
+    qs = [torch.randn(n, 1, A, generator=g, requires_grad=True) for n in rows]
+    upstream = [torch.randn(n, 1, S, generator=g) for n in rows]
+    step_keys = energy.StepKeys.of(keys)
+    ours = sum((additive_energy(q, step_keys.rows(q.size(0)), v) * u).sum() for q, u in zip(qs, upstream, strict=True))
+    ref = sum((plain(q, keys[: q.size(0)], v) * u).sum() for q, u in zip(qs, upstream, strict=True))
+    for a, b in zip(torch.autograd.grad(ours, [keys, v, *qs]), torch.autograd.grad(ref, [keys, v, *qs]), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_kernels_are_not_used_under_a_dispatch_mode(compiled):
+    """torch's FLOP counter (scripts/step_profile.py) runs the eager code: Dynamo cannot trace under it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, keys, v = torch.randn(2, 1, 8, requires_grad=True), torch.randn(2, 5, 8), torch.randn(8)
+    with FlopCounterMode(display=False) as counter:
+        scores = additive_energy(q, keys, v)
+        scores.sum().backward()
+    torch.testing.assert_close(scores, plain(q, keys, v), rtol=1e-5, atol=1e-5)
+    assert counter.get_total_flops() > 0  # the eager backward's bmm (the compiled kernels show no matmul)
+
+
+def test_a_failing_compiler_falls_back_to_eager_or_fails_when_insisted_on(monkeypatch, caplog):
+    """auto goes on with the eager kernels after one warning; trainer.kernels=compiled is a ConfigError that
+    names the fix."""
+
+    def broken(*_args, **_kwargs):
+        def fails(*_a):
+            raise RuntimeError("no C++ compiler")
+
+        return fails
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(compiled_module, "_cache", {})
+    monkeypatch.setitem(compiled_module._state, "worked", False)
+    monkeypatch.setattr(compiled_module, "has_compiler", lambda: True)
+    q, keys, v = torch.randn(2, 1, 8), torch.randn(2, 5, 8), torch.randn(8)
+    assert set_kernels("auto", "cpu") == "compiled"
+    with caplog.at_level("WARNING"):
+        scores = additive_energy(q, keys, v)
+    torch.testing.assert_close(scores, plain(q, keys, v), rtol=1e-5, atol=1e-5)
+    assert "torch.compile failed" in caplog.text and compiled_module.kernels() == "eager"
+    set_kernels("compiled")
+    monkeypatch.setattr(compiled_module, "_cache", {})
+    with pytest.raises(ConfigError, match="trainer.kernels=eager"):
+        additive_energy(q, keys, v)
+
+
+def test_kernel_choices():
+    assert set_kernels("auto", "cuda") == "eager"  # unmeasured on CUDA: the eager pieces
+    assert set_kernels("eager", "cpu") == "eager"
+    assert compiled_module.compiled(plain) is None  # eager: nothing is compiled
+    with pytest.raises(ConfigError, match="trainer.kernels='fast'"):
+        set_kernels("fast")

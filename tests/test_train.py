@@ -294,12 +294,19 @@ def test_a_capped_validation_spreads_over_the_split(tiny_data):
     assert [row["n"] for row in metrics["by_length"]] == [short, len(by_length) - short, 0]
 
 
-def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters):
+@pytest.mark.parametrize("rnnsearch", [False, True], ids=["luong", "rnnsearch-compiled"])
+def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters, rnnsearch, torch_compiles):
     """With data.window > 1 every epoch trains on new windows; a run stopped after epoch 1 and resumed
-    ends with the same weights and losses as one that was never stopped (fp32, one thread)."""
+    ends with the same weights and losses as one that was never stopped (fp32, one thread). Also for the
+    study's RNNsearch (additive attention from the previous state, no input feeding) on the compiled kernels
+    of trainer.kernels=compiled (nmt.compiled), where this machine compiles."""
     from nmt.corpora import load_synthetic
     from nmt.data import TokenizerSettings, prepare
+    from nmt.model import ModelConfig, Seq2Seq
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+
+    if rnnsearch and not torch_compiles:
+        pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
 
     corpus = load_synthetic(
         seed=3,
@@ -329,8 +336,20 @@ def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters):
             amp="off",
             resume=resume,
             threads=1,
+            kernels="compiled" if rnnsearch else "auto",
         )
-        trainer = Trainer(tiny_model(data), data, config, OptimConfig(lr=0.01), run_dir, device="cpu", seed=2)
+        model = tiny_model(data)
+        if rnnsearch:
+            rnnsearch_config = ModelConfig(
+                embed_size=8,
+                encoder_hidden_size=8,
+                hidden_size=16,
+                input_feeding=False,
+                attention="bahdanau",
+                attention_query="previous",
+            )
+            model = Seq2Seq(rnnsearch_config, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
+        trainer = Trainer(model, data, config, OptimConfig(lr=0.01), run_dir, device="cpu", seed=2)
         trainer.train()
         return trainer
 
