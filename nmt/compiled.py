@@ -27,10 +27,17 @@ import shutil
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from nmt.choices import Kernels, choice
 from nmt.errors import ConfigError
+
+try:  # a private helper of torch's: where a later torch drops it, assume no dispatch mode
+    from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+except ImportError:  # pragma: no cover
+
+    def is_in_torch_dispatch_mode() -> bool:
+        return False
+
 
 log = logging.getLogger(__name__)
 
