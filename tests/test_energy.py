@@ -120,10 +120,11 @@ def test_compiled_energy_and_gradients_equal_the_exact_form(B, T, S, A, compiled
     ours = [x.clone().requires_grad_() for x in (q, keys, v)]
     exact = [x.double().requires_grad_() for x in (q, keys, v)]
     scores, ref = additive_energy(*ours), plain(*exact)
-    torch.testing.assert_close(scores.double(), ref, rtol=0, atol=2e-5)
     grads, exact_grads = torch.autograd.grad(scores, ours, upstream), torch.autograd.grad(ref, exact, upstream.double())
-    for a, b in zip(grads, exact_grads, strict=True):
-        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+    for a, b in zip([scores, *grads], [ref, *exact_grads], strict=True):
+        # fp32 sums of up to S x A terms, in an order that differs by CPU kind: 1e-5 of the largest value
+        # (measured on an AMD EPYC: at most 2e-6 of it, the eager pieces as much; bf16 would be ~1e-2)
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * b.abs().max().item())
 
 
 def test_compiled_step_keys_sum_the_keys_gradient_over_steps(compiled):
