@@ -1,4 +1,4 @@
-"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--out FILE] [-- KEY=VALUE ...]
+"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--ops N] [--out FILE] [-- KEY=VALUE ...]
 
 Where a training step's time goes, phase by phase, on the batches nmt-train would train on:
 
@@ -19,7 +19,9 @@ share is reported apart ("recurrence without attention" = LSTM steps, W_c, dropo
 timed alone do not share caches with the rest of the step; the recurrence, a remainder, absorbs that
 difference (so the parts sum to the whole by construction). Matmul FLOPs per phase come from torch's FLOP
 counter (forward and backward), and each phase's GFLOP/s is set against this machine's measured fp32
-torch.mm rate (512^3).
+torch.mm rate (512^3). With --ops N, each timed batch's step runs once more under torch.profiler, and the
+N operators with the most time of their own (not counting the operators they call) are listed, with their calls and
+microseconds a target token: what a phase's time is made of (the profiler adds its own cost to each call).
 Runs in fp32 (trainer.amp=off): on CPUs without bf16 hardware that is how nmt-train runs.
 """
 
@@ -56,10 +58,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--steps", type=int, default=20, help="timed batches (default 20)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--data", default="../shared/data/multi30k", help="Multi30k raw files; '' for another corpus")
+    p.add_argument("--ops", type=int, default=0, help="also list the N operators with the most self time (default 0)")
     p.add_argument("--out", help="also write the results as JSON to this file")
     args = p.parse_args(argv)
     if args.steps < 1 or args.threads < 1:
         p.error("--steps and --threads must be positive")
+    if args.ops < 0:
+        p.error("--ops must be 0 (no operator list) or more")
     return args, overrides
 
 
@@ -123,6 +128,25 @@ class Phases:
         (loss / n).backward()
 
 
+def operators(steps: list[Phases], tokens: int, top: int) -> list[dict]:
+    """The `top` operators by self CPU time over one more run of each batch's step (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for phases in steps:
+            phases.step()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)  # microseconds
+    return [
+        {
+            "name": e.key,
+            "calls": e.count,
+            "self_seconds": round(e.self_cpu_time_total / 1e6, 4),
+            "share": round(e.self_cpu_time_total / total, 4),
+            "us_per_target_token": round(e.self_cpu_time_total / tokens, 2),
+        }
+        for e in events[:top]
+    ]
+
+
 def flops(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
@@ -140,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = dict.fromkeys(("step", "encoder", "attention", "output+loss", "optimizer"), 0.0)
     counted = dict.fromkeys(("step", "encoder", "attention", "output+loss"), 0)
     sentences = tokens = 0
+    profiled: list[Phases] = []  # the timed batches, for --ops
     for i, indices in enumerate(batches):
         batch = collate(split, indices)
         phases = Phases(trainer, batch)
@@ -156,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in runs.items():
             counted[name] += flops(fn)
         sentences, tokens = sentences + len(indices), tokens + batch.n_tokens
+        if args.ops > 0:
+            profiled.append(phases)
+    ops = operators(profiled, tokens, args.ops) if args.ops > 0 else []
     trainer.optimizer.zero_grad(set_to_none=True)
     rate = matmul_rate(args.threads, 3.0)["gflops"]
     recurrence = seconds["step"] - seconds["encoder"] - seconds["output+loss"] - seconds["optimizer"]
@@ -199,6 +227,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['fraction_of_matmul_rate']:6.1%}"
         )
     print(f"{'whole step':30s} {seconds['step']:8.2f} {1:6.1%} {counted['step'] / 1e9:7.1f}")
+    if ops:
+        print(
+            f"\n{'operator (self time, one more run of each step, profiled)':60s} {'calls':>7s} {'seconds':>8s} "
+            f"{'share':>6s} {'us/token':>8s}"
+        )
+        for op in ops:
+            print(
+                f"{op['name'][:60]:60s} {op['calls']:7d} {op['self_seconds']:8.3f} {op['share']:6.1%} "
+                f"{op['us_per_target_token']:8.2f}"
+            )
     if args.out:
         report = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -213,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             "target_tokens_per_s": round(tokens / seconds["step"], 1),
             "step_gflop": round(counted["step"] / 1e9, 2),
             "phases": rows,
+            "operators": ops,
         }
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -325,7 +325,8 @@ def test_elementwise_benchmark_reports_every_kernel(tmp_path):
 @pytest.mark.parametrize("attention", ["bahdanau", "luong"])
 def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
     """scripts/step_profile.py on a tiny synthetic setting: the phases sum to the step, the matmul-heavy ones
-    have FLOPs, and the attention is timed in both decoder orders (stepwise queries and all steps at once)."""
+    have FLOPs, the attention is timed in both decoder orders (stepwise queries and all steps at once), and
+    --ops lists the operators with the most self time, most first."""
     out = tmp_path / "profile.json"
     tiny = ["experiment=quick", f"attention={attention}", "model.input_feeding=false", "data.train_size=300"]
     cmd = [
@@ -337,6 +338,8 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
         "1",
         "--data",
         "",
+        "--ops",
+        "5",
         "--out",
         str(out),
         "--",
@@ -352,3 +355,7 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
     assert all(phases[name]["gflop"] > 0 for name in ("encoder", "recurrence without attention", "output+loss"))
     assert phases["attention"]["seconds"] > 0 and report["machine"]["threads"] == 1
     assert "whole step" in proc.stdout
+    ops = report["operators"]
+    assert len(ops) == 5 and all(op["calls"] > 0 and op["self_seconds"] > 0 for op in ops)
+    assert [op["self_seconds"] for op in ops] == sorted((op["self_seconds"] for op in ops), reverse=True)
+    assert 0 < sum(op["share"] for op in ops) <= 1 and ops[0]["name"][:60] in proc.stdout
