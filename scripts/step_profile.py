@@ -22,7 +22,8 @@ counter (forward and backward), and each phase's GFLOP/s is set against this mac
 torch.mm rate (512^3). With --ops N, each timed batch's step runs once more under torch.profiler, and the
 N operators with the most time of their own (not counting the operators they call) are listed, with their calls and
 microseconds a target token: what a phase's time is made of (the profiler adds its own cost to each call).
-Runs in fp32 (trainer.amp=off): on CPUs without bf16 hardware that is how nmt-train runs.
+Runs in fp32 (trainer.amp=off: on CPUs without bf16 hardware that is how nmt-train runs) unless an override
+sets trainer.amp; the "of mm" column is against the fp32 rate either way.
 """
 
 from __future__ import annotations
@@ -128,18 +129,19 @@ class Phases:
         (loss / n).backward()
 
 
-def operators(steps: list[Phases], tokens: int, top: int) -> list[dict]:
-    """The `top` operators by self CPU time over one more run of each batch's step (torch.profiler)."""
+def operators(steps: list[Phases], tokens: int, top: int) -> tuple[float, list[dict]]:
+    """One more run of each batch's step under torch.profiler: (seconds of every operator's self CPU time,
+    the `top` operators by self CPU time)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for phases in steps:
             phases.step()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)  # microseconds
-    return [
+    return total / 1e6, [
         {
             "name": e.key,
             "calls": e.count,
-            "self_seconds": round(e.self_cpu_time_total / 1e6, 4),
+            "self_seconds": round(e.self_cpu_time_total / 1e6, 6),
             "share": round(e.self_cpu_time_total / total, 4),
             "us_per_target_token": round(e.self_cpu_time_total / tokens, 2),
         }
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         sentences, tokens = sentences + len(indices), tokens + batch.n_tokens
         if args.ops > 0:
             profiled.append(phases)
-    ops = operators(profiled, tokens, args.ops) if args.ops > 0 else []
+    profiled_seconds, ops = operators(profiled, tokens, args.ops) if args.ops > 0 else (0.0, [])
     trainer.optimizer.zero_grad(set_to_none=True)
     rate = matmul_rate(args.threads, 3.0)["gflops"]
     recurrence = seconds["step"] - seconds["encoder"] - seconds["output+loss"] - seconds["optimizer"]
@@ -229,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'whole step':30s} {seconds['step']:8.2f} {1:6.1%} {counted['step'] / 1e9:7.1f}")
     if ops:
         print(
+            f"\nprofiled: {profiled_seconds:.2f} s of operator self time, "
+            f"{profiled_seconds / tokens * 1e6:.0f} us a target token"
+        )
+        print(
             f"\n{'operator (self time, one more run of each step, profiled)':60s} {'calls':>7s} {'seconds':>8s} "
             f"{'share':>6s} {'us/token':>8s}"
         )
@@ -251,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             "target_tokens_per_s": round(tokens / seconds["step"], 1),
             "step_gflop": round(counted["step"] / 1e9, 2),
             "phases": rows,
+            "profiled_seconds": round(profiled_seconds, 3),
             "operators": ops,
         }
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

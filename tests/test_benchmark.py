@@ -359,3 +359,4 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
     assert len(ops) == 5 and all(op["calls"] > 0 and op["self_seconds"] > 0 for op in ops)
     assert [op["self_seconds"] for op in ops] == sorted((op["self_seconds"] for op in ops), reverse=True)
     assert 0 < sum(op["share"] for op in ops) <= 1 and ops[0]["name"][:60] in proc.stdout
+    assert sum(op["self_seconds"] for op in ops) <= report["profiled_seconds"] + 1e-3
