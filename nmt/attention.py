@@ -30,6 +30,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from nmt.attention_step import additive_step
 from nmt.choices import LuongScore, choice
 from nmt.energy import StepKeys, additive_energy
 from nmt.shapes import linear_rows
@@ -99,7 +100,9 @@ class AdditiveAttention(Attention):
     """Bahdanau et al. (2015): score(s, h) = v^T tanh(W_s s + W_h h).
 
     The energy is computed by nmt.energy in cache-sized pieces, in fp32, with a backward that recomputes
-    the tanh: the (B, T, S, A) tensor of the plain form is never built.
+    the tanh: the (B, T, S, A) tensor of the plain form is never built. Where the compiled kernels run, a
+    decoder step (one query) is two C++ kernels instead, the softmax and the values included
+    (nmt.attention_step).
 
     Which decoder state is the query (the previous state s_{t-1}, as in the paper, or the current
     top state h_t, as in Luong's ordering) is chosen by the decoder (`attention.query`).
@@ -119,8 +122,20 @@ class AdditiveAttention(Attention):
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
         return StepKeys.of(keys), StepMatrix.of(values, dtype)
 
-    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         q = self.query_proj(query)  # (B, T, A)
+        if q.size(1) == 1:  # a decoder step: one C++ kernel each way where they run (nmt.attention_step)
+            step = additive_step(q.squeeze(1), keys, self.v.weight.view(-1), values, mask)
+            if step is not None:
+                context, weights = step  # (B, D), (B, S)
+                return context.unsqueeze(1), weights.unsqueeze(1)
+        weights = masked_softmax(self._energy(q, keys), mask)  # (B, T, S) fp32
+        return bmm(weights, values), weights
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        return self._energy(self.query_proj(query), keys)
+
+    def _energy(self, q: Tensor, keys: Tensor) -> Tensor:
         return additive_energy(q, keys, self.v.weight.view(-1))  # (B, T, S) fp32, fused (nmt.energy)
 
 

@@ -9,6 +9,10 @@ result on disk, so later processes take a few seconds).
 
     set_kernels("auto", device)     # the Trainer, from trainer.kernels
     fn = compiled(math_fn)          # None while the kernels are eager: call the eager code
+    kernel = cpp_kernel(path, argtypes)  # a hand-written C++ kernel (nmt/csrc), built the same way
+
+One step of RNNsearch's attention is such a hand-written kernel (nmt.attention_step): Inductor's C++
+toolchain builds it with the same compiler, flags and vector ISA as its own kernels (a second or two).
 
 `eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's preset) uses compiled
 kernels on a CPU where a C++ compiler is found, eager ones elsewhere (CUDA is unmeasured); `compiled`
@@ -24,7 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -42,7 +47,7 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 _state: dict = {"kernels": Kernels.eager, "strict": False, "worked": False}
-_cache: dict[Callable, Callable] = {}
+_cache: dict[Callable | Path, Callable] = {}  # compiled functions and built C++ kernels
 
 
 def has_compiler() -> bool:
@@ -78,6 +83,35 @@ def compiled(fn: Callable) -> Callable | None:
     return _cache[fn]
 
 
+def cpp_kernel(path: Path, argtypes: Sequence[str]) -> Callable | None:
+    """The function `kernel` of the C++ source file `path` (argument types `argtypes`, Inductor's names:
+    "int64_t", "float", "uintptr_t" for addresses), built once per process by Inductor's C++ toolchain (it
+    caches the library on disk); None while the kernels are eager. A failed build is handled as a failed
+    torch.compile: eager kernels after a warning, or a ConfigError where trainer.kernels=compiled."""
+    if _state["kernels"] != Kernels.compiled:
+        return None
+    if path not in _cache:
+        try:
+            from torch._inductor.codecache import CppPythonBindingsCodeCache  # torch's own, private: may move
+
+            _cache[path] = CppPythonBindingsCodeCache.load_pybinding(list(argtypes), path.read_text(encoding="utf-8"))
+        except Exception as e:
+            _failed(e)
+            return None
+    return _cache[path]
+
+
+def _failed(e: Exception) -> None:
+    """Compiling failed: a ConfigError where the kernels were insisted on, else a warning and eager kernels."""
+    if _state["strict"]:
+        raise ConfigError(
+            f"trainer.kernels=compiled: torch.compile failed ({type(e).__name__}: {str(e)[:300]}); "
+            "install a C++ compiler (apt install g++) or use trainer.kernels=eager"
+        ) from e
+    log.warning("torch.compile failed (%s); the additive attention runs eager kernels", type(e).__name__)
+    _state["kernels"] = Kernels.eager
+
+
 def _guarded(compiled_fn: Callable) -> Callable:
     def call(*args):
         if is_in_torch_dispatch_mode():  # torch's FLOP counter, say: Dynamo cannot trace under it
@@ -89,13 +123,7 @@ def _guarded(compiled_fn: Callable) -> Callable:
         except Exception as e:  # Inductor's errors have no common base class
             if _state["worked"]:  # compiling works here, not for this call (under a dispatch mode, say):
                 return None  # eager for this call only (a genuine error of the call comes back from there)
-            if _state["strict"]:
-                raise ConfigError(
-                    f"trainer.kernels=compiled: torch.compile failed ({type(e).__name__}: {str(e)[:300]}); "
-                    "install a C++ compiler (apt install g++) or use trainer.kernels=eager"
-                ) from e
-            log.warning("torch.compile failed (%s); the additive attention runs eager kernels", type(e).__name__)
-            _state["kernels"] = Kernels.eager
+            _failed(e)
             return None
 
     return call

@@ -36,7 +36,7 @@ from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.energy import StepKeys
-from nmt.lstm import LayerParams, layer_params, lstm_step
+from nmt.lstm import LayerParams, layer, layer_params, lstm_step
 from nmt.shapes import linear_rows, padded_count
 from nmt.stepweight import StepMatrix, StepWeight
 from nmt.tokenizer import PAD_ID
@@ -152,12 +152,13 @@ class Decoder(nn.Module):
         (its feed not yet updated), weights (B, S))."""
         recurrent = [state.feed] if self.input_feeding else []
         if self.query == "previous":
-            context, weights = self.attention(state.h[-1][:, None, :], keys, values, mask)  # (B, 1, D)
-            recurrent.append(context[:, 0])
+            context, weights = self.attention(layer(state.h, -1).unsqueeze(1), keys, values, mask)  # (B, 1, D)
+            recurrent.append(context.squeeze(1))
         out, h, c = lstm_step(x0, recurrent, state.h, state.c, params.layers, self.layer_dropout)  # out (B, H)
         if self.query == "current":
-            context, weights = self.attention(out[:, None, :], keys, values, mask)  # (B, 1, D)
-        return context[:, 0], out, DecoderState(h, c, state.feed), weights[:, 0]
+            context, weights = self.attention(out.unsqueeze(1), keys, values, mask)  # (B, 1, D)
+        # squeeze/unsqueeze, not [:, 0]: a view whose backward is a view (select's allocates and copies)
+        return context.squeeze(1), out, DecoderState(h, c, state.feed), weights.squeeze(1)
 
     def step(
         self,

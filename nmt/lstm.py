@@ -7,17 +7,26 @@ Written out rather than calling nn.LSTM once per step: the embeddings' share of 
 for all steps in one matmul (x0 = W_x y + b, by the caller), the weights are cast once per batch under
 autocast, and the weights used at every step get their gradient in one matmul over all steps
 (nmt.stepweight). The arithmetic is nn.LSTM's (gates i, f, g, o), and checkpoints hold nn.LSTM's parameters.
+Where the compiled kernels run (trainer.kernels, nmt.compiled) on a CPU, a layer's elementwise part (the
+gates' sigmoids and tanhs, the new cell and output) is one C++ call each way (nmt/csrc/lstm_cell.cpp) instead of
+a dozen torch operations forward and twice as many backward: a decoder step pays each operation's fixed cost,
+and long inputs take more steps for the same tokens (README "Long inputs").
 Shapes: L layers, B batch, H hidden, E embedding.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from nmt.compiled import cpp_kernel, is_in_torch_dispatch_mode
 from nmt.stepweight import StepWeight
+
+CELL_SOURCE = Path(__file__).parent / "csrc" / "lstm_cell.cpp"
+CELL_ARGTYPES = ["int64_t", "int64_t", "uintptr_t", "int64_t", *["uintptr_t"] * 8, "int64_t", "int64_t"]
 
 
 class LayerParams(NamedTuple):
@@ -52,12 +61,78 @@ def lstm_step(
     matmuls' input, cast once) and c stays fp32 (it accumulates over every step).
     """
     hs, cs, below = [], [], None
-    for layer, p in enumerate(layers):
-        inputs = recurrent if layer == 0 else [dropout(below)]
-        gates = (x0 if layer == 0 else p.bias) + p.w_r(torch.cat([*inputs, h[layer]], dim=-1))  # (B, 4H)
-        i, f, g, o = gates.chunk(4, dim=-1)
-        cell = torch.sigmoid(f) * c[layer] + torch.sigmoid(i) * torch.tanh(g)
-        below = (torch.sigmoid(o) * torch.tanh(cell)).to(p.w_r.weight.dtype)  # h in the matmul dtype
+    for index, p in enumerate(layers):
+        inputs = recurrent if index == 0 else [dropout(below)]
+        x, wx = (x0 if index == 0 else p.bias), p.w_r(torch.cat([*inputs, layer(h, index)], dim=-1))  # (B, 4H) each
+        below, cell = lstm_cell(x, wx, layer(c, index))  # h in the matmul dtype
         hs.append(below)
         cs.append(cell)
+    if len(layers) == 1:
+        return below, below[None], cell[None]  # views: no copy for the usual single layer
     return below, torch.stack(hs), torch.stack(cs)
+
+
+def layer(x: Tensor, index: int) -> Tensor:
+    """Layer `index` of a state (L, B, H): for one layer a squeeze, whose backward is a view (indexing's
+    allocates a zero (L, B, H) gradient and copies into it, at every decoder step)."""
+    return x.squeeze(0) if x.size(0) == 1 else x[index]
+
+
+def lstm_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
+    """The gates z = x0 + wx (B, 4H) (x0 may be the bias (4H,)) and the previous cell c (B, H) fp32 ->
+    (h (B, H) in wx's dtype, the new cell (B, H) fp32): one C++ call where the compiled kernels run, else
+    torch operations."""
+    step = _compiled_cell(x0, wx, c)
+    if step is not None:
+        return step
+    i, f, g, o = (x0 + wx).chunk(4, dim=-1)
+    cell = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return (torch.sigmoid(o) * torch.tanh(cell)).to(wx.dtype), cell
+
+
+def _compiled_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor] | None:
+    if wx.device.type != "cpu" or is_in_torch_dispatch_mode():  # torch's FLOP counter sees the torch path
+        return None
+    if x0.dtype != torch.float32 or c.dtype != torch.float32 or wx.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if x0.stride(-1) != 1 or (x0.dim() == 2 and x0.size(0) > 1 and x0.stride(0) < x0.size(1)):
+        return None
+    kernel = cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)
+    if kernel is None:
+        return None
+    return _LSTMCell.apply(x0, wx.contiguous(), c.contiguous(), kernel)
+
+
+def _address(x: Tensor | None) -> int:
+    return 0 if x is None else x.data_ptr()
+
+
+class _LSTMCell(torch.autograd.Function):
+    """lstm_cell through nmt/csrc/lstm_cell.cpp; the backward recomputes the gates from x0 + wx."""
+
+    @staticmethod
+    def forward(ctx, x0: Tensor, wx: Tensor, c: Tensor, kernel) -> tuple[Tensor, Tensor]:
+        B, H = c.shape
+        stride = x0.stride(0) if x0.dim() == 2 else 0  # the bias: the same row for every sentence
+        h, cell = wx.new_empty(B, H), c.new_empty(B, H)
+        bf16 = int(wx.dtype == torch.bfloat16)
+        addresses = (wx.data_ptr(), c.data_ptr(), cell.data_ptr(), h.data_ptr(), 0, 0, 0, 0)
+        kernel(0, bf16, x0.data_ptr(), stride, *addresses, B, H)
+        ctx.save_for_backward(x0, wx, c, cell)
+        ctx.kernel, ctx.stride = kernel, stride
+        ctx.set_materialize_grads(False)
+        return h, cell
+
+    @staticmethod
+    def backward(ctx, dh: Tensor | None, dcell: Tensor | None):
+        x0, wx, c, cell = ctx.saved_tensors
+        B, H = c.shape
+        dh = None if dh is None else dh.to(wx.dtype).contiguous()
+        dcell = None if dcell is None else dcell.float().contiguous()
+        dz, dc = c.new_empty(B, 4 * H), c.new_empty(B, H)
+        bf16 = int(wx.dtype == torch.bfloat16)
+        addresses = map(_address, (wx, c, cell, None, dh, dcell, dz, dc))
+        ctx.kernel(1, bf16, x0.data_ptr(), ctx.stride, *addresses, B, H)
+        dx0 = (dz if x0.dim() == 2 else dz.sum(0)) if ctx.needs_input_grad[0] else None
+        dwx = dz.to(wx.dtype) if ctx.needs_input_grad[1] else None
+        return dx0, dwx, (dc if ctx.needs_input_grad[2] else None), None

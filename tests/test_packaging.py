@@ -42,10 +42,11 @@ def installed(tmp_path_factory) -> Path:
     return venv / "bin"
 
 
-def test_the_wheel_carries_the_configs_and_the_page_files(installed):
+def test_the_wheel_carries_the_configs_the_page_files_and_the_kernels(installed):
     probe = (
-        "import nmt, nmt.cli.common as c, pathlib; print(nmt.__file__); print(c.CONFIG_DIR); "
-        "print((pathlib.Path(nmt.__file__).parent / 'static' / 'serve.js').is_file())"
+        "import nmt, nmt.cli.common as c, pathlib, nmt.attention_step as a, nmt.lstm as l; print(nmt.__file__); "
+        "print(c.CONFIG_DIR); print((pathlib.Path(nmt.__file__).parent / 'static' / 'serve.js').is_file() "
+        "and a.SOURCE.is_file() and l.CELL_SOURCE.is_file())"
     )
     out = subprocess.run(
         [str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True, cwd=installed.parent

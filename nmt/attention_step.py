@@ -1,0 +1,108 @@
+"""One decoder step of the additive attention in two hand-written C++ kernels, forward and backward.
+
+RNNsearch's query is the previous decoder state, so its decoder loop attends once per target step. In torch
+operations a step is a dozen calls forward (the energy's kernel, the mask, the softmax, a cast, a bmm with
+the values, ...) and as many backward, each with its own dispatch and autograd bookkeeping and its own pass
+over memory; windows of several verses take about three decoder steps for every one of single verses for the
+same number of target tokens (README "Long inputs"), so that cost per step is what keeps them slower.
+`nmt/csrc/additive_step.cpp` does a step's forward in one call, row by row: the scores v^T tanh(q + k_s) from
+sigmoids (as nmt.energy), the masked softmax and the context sum_s a_s V_s; and its backward in another: the
+weights' gradient from the values, the softmax's backward, and the energy's (the sigmoids recomputed), adding
+the keys' share into StepKeys' sums and recording the values' (a_t, g_t) for StepMatrix's one bmm, as the
+torch path does. Its exp is torch's fast vector exp (at most 20 ulp): the tests hold it to the fp64 plain
+form to 1e-5 of each tensor's largest value, like the compiled energy.
+
+It runs where the kernels are compiled (trainer.kernels, nmt.compiled: Inductor's C++ toolchain builds it,
+a second or two once per machine) on a CPU, for one query step (T = 1) with fp32 or bf16 values; elsewhere
+`additive_step` returns None and the caller goes the torch way.
+
+    context, weights = additive_step(q, keys, v, values, mask)  # q (B, A) = W_s s; None: not here
+
+Shapes: B batch, S source length, A attention size, D value size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nmt.compiled import cpp_kernel, is_in_torch_dispatch_mode
+from nmt.energy import StepKeys
+from nmt.stepweight import StepMatrix
+
+SOURCE = Path(__file__).parent / "csrc" / "additive_step.cpp"
+ARGTYPES = ["int64_t", "int64_t", *["uintptr_t"] * 12, *["int64_t"] * 4]
+DTYPES = (torch.float32, torch.bfloat16)  # of the values
+
+
+def _address(x: Tensor | None) -> int:
+    return 0 if x is None else x.data_ptr()
+
+
+class _AdditiveStep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, keys, v, values, mask, sums, steps, kernel):
+        """q (B, A) fp32, keys (B, S, A) fp32, v (A,) fp32, values (B, S, D), mask (B, S) bool; all contiguous."""
+        B, S, A = keys.shape
+        D = values.size(-1)
+        weights, context = q.new_empty(B, S), values.new_empty(B, D)
+        bf16 = int(values.dtype == torch.bfloat16)
+        kernel(0, bf16, *map(_address, (q, keys, v, mask, values, weights, context)), 0, 0, 0, 0, 0, B, S, A, D)
+        ctx.save_for_backward(q, keys, v, values, weights)
+        ctx.sums, ctx.steps, ctx.kernel = sums, steps, kernel
+        ctx.set_materialize_grads(False)  # no zeros for the weights' gradient when nothing trains on them
+        return context, weights
+
+    @staticmethod
+    def backward(ctx, g_context: Tensor | None, g_weights: Tensor | None):
+        q, keys, v, values, weights = ctx.saved_tensors
+        B, S, A = keys.shape
+        D = values.size(-1)
+        g_context = values.new_zeros(B, D) if g_context is None else g_context.to(values.dtype).contiguous()
+        g_weights = None if g_weights is None else g_weights.float().contiguous()
+        g_scores, g_q, g_v = q.new_empty(B, S), q.new_empty(B, A), q.new_empty(B, A)
+        sums = ctx.sums
+        if sums is not None:  # a decoder loop's keys (StepKeys): this step's share goes into their sums
+            sums.start(keys, v)
+            g_w_keys = sums.g_w[:B]
+        else:
+            g_w_keys = torch.zeros_like(keys)
+        bf16 = int(values.dtype == torch.bfloat16)
+        args = (q, keys, v, None, values, weights, g_context, g_weights, g_scores, g_q, g_v, g_w_keys)
+        ctx.kernel(1, bf16, *map(_address, args), B, S, A, D)
+        grad_keys = g_w_keys.mul_(4 * v) if sums is None and ctx.needs_input_grad[1] else None  # tanh' = 4 w
+        a = weights.to(values.dtype).unsqueeze(1)  # (B, 1, S)
+        if ctx.steps is not None:  # StepMatrix: one bmm over all steps forms the values' gradient
+            ctx.steps.inputs.append(a)
+            ctx.steps.grads.append(g_context.unsqueeze(1))
+            grad_values = None
+        else:
+            grad_values = torch.bmm(a.transpose(1, 2), g_context.unsqueeze(1)) if ctx.needs_input_grad[3] else None
+        return g_q, grad_keys, g_v.sum(0), grad_values, None, None, None, None
+
+
+def additive_step(
+    q: Tensor, keys: Tensor | StepKeys, v: Tensor, values: Tensor | StepMatrix, mask: Tensor
+) -> tuple[Tensor, Tensor] | None:
+    """One step of additive attention: q (B, A) (the projected query W_s s), keys (B, S, A) or StepKeys,
+    v (A,), values (B, S, D) or StepMatrix, mask (B, S) True on real tokens -> (context (B, D) in the values'
+    dtype, weights (B, S) fp32, exactly 0 on padding). None where the C++ kernels do not run (see the module
+    docstring): the caller computes the step with torch operations."""
+    if q.device.type != "cpu" or is_in_torch_dispatch_mode():  # torch's FLOP counter sees the torch path
+        return None
+    keys, sums = (keys.keys, keys.sums) if isinstance(keys, StepKeys) else (keys, None)
+    if isinstance(values, StepMatrix):
+        if values.transpose:
+            return None
+        values, steps = values.matrix, values.steps
+    else:
+        steps = None
+    if values.dtype not in DTYPES or keys.dtype != torch.float32:
+        return None
+    kernel = cpp_kernel(SOURCE, ARGTYPES)
+    if kernel is None:
+        return None
+    q, v = q.float().contiguous(), v.float().contiguous()
+    return _AdditiveStep.apply(q, keys.contiguous(), v, values.contiguous(), mask.contiguous(), sums, steps, kernel)

@@ -1,0 +1,174 @@
+// One decoder step of the additive attention (nmt/attention_step.py), forward and backward, one sentence
+// (row b) at a time; rows are spread over the OpenMP threads torch runs with.
+//
+//   forward   e_s = v^T tanh(q + k_s) for the real positions s, a = softmax(e), context = sum_s a_s V_s
+//   backward  da_s = g_context . V_s (+ g_weights_s), g_s = a_s (da_s - sum_s' a_s' da_s'), and from g:
+//             g_q = 4 v sum_s g_s w_s, g_w_keys[s] += g_s w_s (StepKeys' sums: 4 v is applied once, at the
+//             end), g_v (per row) = 2 sum_s g_s sigma_s - sum_s g_s
+//             with sigma = sigmoid(2 (q + k)), w = sigma (1 - sigma)
+//
+// tanh(x) = 2 sigmoid(2x) - 1, so v^T tanh(x) = 2 v^T sigmoid(2x) - sum(v) and tanh' = 4 sigma (1 - sigma);
+// the backward recomputes sigma rather than storing it. Keys, queries and the sums are fp32;
+// values, context and its gradient are fp32 or bf16 (VT), read and written in their dtype, added up in fp32.
+// Shapes: B rows, S source positions, A attention size, D value size; every tensor contiguous.
+// Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the entry `kernel`.
+#include <torch/csrc/inductor/cpp_prefix.h>
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+using Vec = at::vec::Vectorized<float>;
+
+static inline Vec load(const float* p, int64_t n) { return Vec::loadu(p, n); }  // lanes from n on: 0
+static inline Vec load(const c10::BFloat16* p, int64_t n) {
+    return at::vec::convert<float>(at::vec::Vectorized<c10::BFloat16>::loadu(p, n));
+}
+static inline float total(Vec x) {
+    return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, x);
+}
+// sigmoid(2 (q + k)), with torch's fast exp (at most 20 ulp: ~2e-6 relative)
+static inline Vec sigmoid2(Vec q, Vec k) {
+    return Vec(1.0f) / (Vec(1.0f) + ((q + k) * Vec(-2.0f)).exp_u20());
+}
+
+template <typename VT>
+static void forward(const float* q, const float* keys, const float* v, const bool* mask,
+                    const VT* values, float* weights, VT* context, int64_t B, int64_t S, int64_t A, int64_t D) {
+    const int64_t W = Vec::size();
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    float v_sum = 0.0f;
+    for (int64_t a = 0; a < A; ++a) v_sum += v[a];
+#pragma omp parallel
+    {
+        std::vector<float> ctx(D);
+#pragma omp for
+        for (int64_t b = 0; b < B; ++b) {
+            const float* qb = q + b * A;
+            const float* kb = keys + b * S * A;
+            float* wb = weights + b * S;
+            float top = minus_inf;
+            for (int64_t s = 0; s < S; ++s) {  // the scores, -inf on padding
+                if (!mask[b * S + s]) {
+                    wb[s] = minus_inf;
+                    continue;
+                }
+                Vec acc(0.0f);
+                for (int64_t a = 0; a < A; a += W) {
+                    const int64_t n = std::min(W, A - a);
+                    acc = at::vec::fmadd(sigmoid2(load(qb + a, n), load(kb + s * A + a, n)), load(v + a, n), acc);
+                }
+                wb[s] = 2.0f * total(acc) - v_sum;
+                top = std::max(top, wb[s]);
+            }
+            float sum = 0.0f;  // softmax: exp(e - max) (exactly 0 on padding), then normalised
+            for (int64_t s = 0; s < S; s += W) {
+                const int64_t n = std::min(W, S - s);
+                Vec e = (load(wb + s, n) - Vec(top)).exp();
+                e.store(wb + s, n);
+                sum += total(Vec::set(Vec(0.0f), e, n));
+            }
+            const float inv = 1.0f / sum;
+            std::fill(ctx.begin(), ctx.end(), 0.0f);
+            for (int64_t s = 0; s < S; ++s) {  // context = sum_s a_s V_s
+                wb[s] *= inv;
+                if (wb[s] == 0.0f) continue;
+                const Vec a(wb[s]);
+                const VT* vs = values + (b * S + s) * D;
+                for (int64_t d = 0; d < D; d += W) {
+                    const int64_t n = std::min(W, D - d);
+                    at::vec::fmadd(a, load(vs + d, n), load(ctx.data() + d, n)).store(ctx.data() + d, n);
+                }
+            }
+            for (int64_t d = 0; d < D; ++d) context[b * D + d] = static_cast<VT>(ctx[d]);
+        }
+    }
+}
+
+template <typename VT>
+static void backward(const float* q, const float* keys, const float* v, const VT* values, const float* weights,
+                     const VT* g_context, const float* g_weights, float* g_scores, float* g_q, float* g_v,
+                     float* g_w_keys, int64_t B, int64_t S, int64_t A, int64_t D) {
+    const int64_t W = Vec::size();
+#pragma omp parallel
+    {
+        std::vector<float> gc(D);
+#pragma omp for
+        for (int64_t b = 0; b < B; ++b) {
+            const float* qb = q + b * A;
+            const float* kb = keys + b * S * A;
+            const float* wb = weights + b * S;
+            float* gb = g_scores + b * S;
+            for (int64_t d = 0; d < D; ++d) gc[d] = static_cast<float>(g_context[b * D + d]);
+            float dot = 0.0f;
+            for (int64_t s = 0; s < S; ++s) {  // the weights' gradient: g_context . V_s (+ g_weights_s)
+                if (wb[s] == 0.0f) {  // padding (or a weight that underflowed): its score gets no gradient
+                    gb[s] = 0.0f;
+                    continue;
+                }
+                const VT* vs = values + (b * S + s) * D;
+                Vec acc(0.0f);
+                for (int64_t d = 0; d < D; d += W) {
+                    const int64_t n = std::min(W, D - d);
+                    acc = at::vec::fmadd(load(gc.data() + d, n), load(vs + d, n), acc);
+                }
+                gb[s] = total(acc) + (g_weights ? g_weights[b * S + s] : 0.0f);
+                dot += wb[s] * gb[s];
+            }
+            float* gq = g_q + b * A;
+            float* gs = g_v + b * A;
+            std::fill(gq, gq + A, 0.0f);
+            std::fill(gs, gs + A, 0.0f);
+            float g_sum = 0.0f;
+            for (int64_t s = 0; s < S; ++s) {  // the softmax's backward, then the energy's
+                const float g = wb[s] * (gb[s] - dot);
+                gb[s] = g;
+                g_sum += g;
+                if (g == 0.0f) continue;
+                const Vec gv(g);
+                float* gk = g_w_keys + (b * S + s) * A;
+                for (int64_t a = 0; a < A; a += W) {
+                    const int64_t n = std::min(W, A - a);
+                    const Vec sig = sigmoid2(load(qb + a, n), load(kb + s * A + a, n));
+                    const Vec g_sig = gv * sig;
+                    const Vec g_w = g_sig - g_sig * sig;  // g sigma (1 - sigma)
+                    (load(gq + a, n) + g_w).store(gq + a, n);
+                    (load(gk + a, n) + g_w).store(gk + a, n);
+                    (load(gs + a, n) + g_sig).store(gs + a, n);
+                }
+            }
+            for (int64_t a = 0; a < A; a += W) {  // g_q = 4 v sum g w, g_v = 2 sum g sigma - sum g
+                const int64_t n = std::min(W, A - a);
+                (Vec(4.0f) * load(v + a, n) * load(gq + a, n)).store(gq + a, n);
+                (Vec(2.0f) * load(gs + a, n) - Vec(g_sum)).store(gs + a, n);
+            }
+        }
+    }
+}
+
+template <typename T>
+static T* at_(uintptr_t p) { return reinterpret_cast<T*>(p); }
+
+// direction 0: forward, writes weights (B, S) and context (B, D); g_* unused.
+// direction 1: backward, reads weights (the forward's) and context (the context's gradient), g_weights (B, S) or
+// 0, and writes g_scores (B, S), g_q (B, A), g_v (B, A: each row's share) and adds into g_w_keys (B, S, A).
+// bf16: the values, context and its gradient are bf16, else fp32. Pointers are addresses (uintptr_t).
+extern "C" void kernel(int64_t direction, int64_t bf16, uintptr_t q, uintptr_t keys, uintptr_t v, uintptr_t mask,
+                       uintptr_t values, uintptr_t weights, uintptr_t context, uintptr_t g_weights, uintptr_t g_scores,
+                       uintptr_t g_q, uintptr_t g_v, uintptr_t g_w_keys, int64_t B, int64_t S, int64_t A,
+                       int64_t D) {
+    using BF = c10::BFloat16;
+    const bool* m = at_<const bool>(mask);
+    const float* gw = g_weights ? at_<const float>(g_weights) : nullptr;
+    const float *qf = at_<const float>(q), *kf = at_<const float>(keys), *vf = at_<const float>(v);
+    if (direction == 0 && !bf16)
+        forward(qf, kf, vf, m, at_<const float>(values), at_<float>(weights), at_<float>(context), B, S, A, D);
+    else if (direction == 0)
+        forward(qf, kf, vf, m, at_<const BF>(values), at_<float>(weights), at_<BF>(context), B, S, A, D);
+    else if (!bf16)
+        backward(qf, kf, vf, at_<const float>(values), at_<const float>(weights), at_<const float>(context), gw,
+                 at_<float>(g_scores), at_<float>(g_q), at_<float>(g_v), at_<float>(g_w_keys), B, S, A, D);
+    else
+        backward(qf, kf, vf, at_<const BF>(values), at_<const float>(weights), at_<const BF>(context), gw,
+                 at_<float>(g_scores), at_<float>(g_q), at_<float>(g_v), at_<float>(g_w_keys), B, S, A, D);
+}

@@ -1,0 +1,232 @@
+"""The hand-written C++ kernels of a decoder step (nmt/csrc) compute the plain forms' numbers and gradients:
+the additive attention's step (nmt.attention_step: scores v^T tanh(q + k), masked softmax, context) and the
+LSTM cell (nmt.lstm), alone and inside the decoder's loop."""
+
+import pytest
+import torch
+
+import nmt.compiled as compiled_module
+from nmt.attention import AdditiveAttention
+from nmt.attention_step import additive_step
+from nmt.compiled import set_kernels
+from nmt.energy import StepKeys
+from nmt.errors import ConfigError
+from nmt.loss import token_loss
+from nmt.lstm import lstm_cell
+from nmt.model import ModelConfig, Seq2Seq
+from nmt.stepweight import StepMatrix
+from nmt.tokenizer import BOS_ID, PAD_ID
+
+
+@pytest.fixture
+def compiled(torch_compiles):
+    """The compiled kernels; skipped where this machine cannot compile (no C++ compiler)."""
+    if not torch_compiles:
+        pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
+    set_kernels("compiled")  # the autouse fixture of conftest.py sets eager after every test
+
+
+def plain(q, keys, v, values, mask):
+    """q (B, A), keys (B, S, A), v (A,), values (B, S, D), mask (B, S) -> context (B, D), weights (B, S)."""
+    scores = torch.tanh(q[:, None, :] + keys) @ v  # (B, S)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.bmm(weights[:, None, :], values)[:, 0], weights
+
+
+def random_step(B, S, A, D, seed, lengths=None):
+    g = torch.Generator().manual_seed(seed)
+    q, keys = torch.randn(B, A, generator=g), torch.randn(B, S, A, generator=g)
+    values = torch.randn(B, S, D, generator=g)
+    v = torch.randn(A, generator=g) / A**0.5  # scores of a few units, as in training
+    mask = torch.arange(S)[None, :] < torch.tensor(lengths or [S] * B)[:, None]
+    return q, keys, v, values, mask
+
+
+# A and D below, at and above one vector of floats (8 with AVX2, 16 with AVX-512), the study's 256, and padding
+SHAPES = [
+    (3, 5, 7, 5, [5, 2, 4]),
+    (1, 9, 16, 16, None),
+    (4, 40, 33, 70, [40, 1, 17, 39]),
+    (2, 130, 256, 256, [130, 90]),
+]
+
+
+@pytest.mark.parametrize("B,S,A,D,lengths", SHAPES)
+def test_step_and_gradients_equal_the_exact_form(B, S, A, D, lengths, compiled):
+    """Context, weights and the gradients of q, keys, v and values (through the context and the weights) are
+    the fp64 plain form's to fp32 accuracy; padding gets exactly zero weight."""
+    inputs = random_step(B, S, A, D, seed=B * 100 + S, lengths=lengths)
+    mask = inputs[-1]
+    ours = [x.clone().requires_grad_() for x in inputs[:4]]
+    exact = [x.double().requires_grad_() for x in inputs[:4]]
+    context, weights = additive_step(*ours, mask)
+    ref_context, ref_weights = plain(*exact, mask)
+    assert (weights[~mask] == 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B))
+    g = torch.Generator().manual_seed(1)
+    up_context, up_weights = torch.randn(B, D, generator=g), torch.randn(B, S, generator=g)
+    loss = (context * up_context).sum() + (weights * up_weights).sum()
+    ref_loss = (ref_context * up_context.double()).sum() + (ref_weights * up_weights.double()).sum()
+    grads, ref_grads = torch.autograd.grad(loss, ours), torch.autograd.grad(ref_loss, exact)
+    for a, b in zip([context, weights, *grads], [ref_context, ref_weights, *ref_grads], strict=True):
+        # fp32 sums and torch's fast exp (20 ulp): 1e-5 of the largest value (measured: at most 1e-6 of it)
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * b.abs().max().item())
+
+
+def test_bf16_values_read_and_written_in_bf16(compiled):
+    """Under bf16 autocast the values (and the context) are bf16 (nmt.device.step_dtype): the context is the
+    plain form's on the same bf16 values, rounded once to bf16."""
+    q, keys, v, values, mask = random_step(3, 21, 24, 40, seed=7, lengths=[21, 9, 15])
+    values = values.bfloat16()
+    context, weights = additive_step(q, keys, v, values.requires_grad_(), mask)
+    ref_context, ref_weights = plain(q.double(), keys.double(), v.double(), values.double(), mask)
+    assert context.dtype == torch.bfloat16 and weights.dtype == torch.float32
+    torch.testing.assert_close(weights.double(), ref_weights, rtol=0, atol=1e-6)
+    torch.testing.assert_close(context.double(), ref_context, rtol=2**-8, atol=1e-6)  # one bf16 rounding
+    (grad,) = torch.autograd.grad(context.float().sum(), values)
+    assert grad.dtype == torch.bfloat16 and (grad[~mask] == 0).all()
+
+
+def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(compiled):
+    """In a decoder loop (StepKeys, StepMatrix; fewer sentences at later steps) every step adds its share of
+    the keys' and values' gradients: the same as autograd's per-step gradients of the plain form."""
+    B, S, A, D = 4, 11, 16, 12
+    _, keys, v, values, mask = random_step(B, S, A, D, seed=3, lengths=[11, 11, 6, 3])
+    g = torch.Generator().manual_seed(4)
+    rows = [4, 4, 3, 1]  # the sentences still decoded at each step
+    qs = [torch.randn(n, A, generator=g) for n in rows]
+    up = [torch.randn(n, D, generator=g) for n in rows]
+    leaves = [x.clone().requires_grad_() for x in (keys, v, values, *qs)]
+    step_keys, step_values = StepKeys.of(leaves[0]), StepMatrix.of(leaves[2], None)
+    loss = sum(
+        (additive_step(q, step_keys.rows(len(q)), leaves[1], step_values.rows(len(q)), mask[: len(q)])[0] * u).sum()
+        for q, u in zip(leaves[3:], up, strict=True)
+    )
+    exact = [x.double().requires_grad_() for x in (keys, v, values, *qs)]
+    ref = sum(
+        (plain(q, exact[0][: len(q)], exact[1], exact[2][: len(q)], mask[: len(q)])[0] * u.double()).sum()
+        for q, u in zip(exact[3:], up, strict=True)
+    )
+    for a, b in zip(torch.autograd.grad(loss, leaves), torch.autograd.grad(ref, exact), strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * b.abs().max().item())
+
+
+def rnnsearch(input_feeding: bool, layers: int) -> Seq2Seq:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        embed_size=16, encoder_hidden_size=12, hidden_size=20, dropout=0.0, attention="bahdanau",
+        attention_query="previous", input_feeding=input_feeding, decoder_layers=layers,
+    )  # fmt: skip
+    return Seq2Seq(config, 30, 31)
+
+
+@pytest.mark.parametrize("input_feeding, layers", [(False, 1), (True, 1), (False, 2)], ids=["nofeed", "feed", "deep"])
+@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
+def test_training_step_equals_the_eager_kernels(input_feeding, layers, amp, compiled):
+    """RNNsearch's teacher-forced loop on the C++ attention step and LSTM cells: the loss, the weights and
+    every gradient of the eager (torch) loop, on a batch whose targets end at different steps."""
+    model = rnnsearch(input_feeding, layers)
+    g = torch.Generator().manual_seed(5)
+    src_lengths, tgt_lengths = [7, 9, 3, 5], [8, 6, 6, 2]  # targets longest first (the sampler's order)
+    src = torch.full((4, 9), PAD_ID)
+    tgt_in, tgt_out = torch.full((4, 8), PAD_ID), torch.full((4, 8), PAD_ID)
+    for b, (n, m) in enumerate(zip(src_lengths, tgt_lengths, strict=True)):
+        src[b, :n] = torch.randint(4, 30, (n,), generator=g)
+        tgt_out[b, :m] = torch.randint(4, 31, (m,), generator=g)
+        tgt_in[b, 0], tgt_in[b, 1:m] = BOS_ID, tgt_out[b, : m - 1]
+    results = []
+    for kernels in ("compiled", "eager"):
+        set_kernels(kernels)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            logits, weights = model(src, torch.tensor(src_lengths), tgt_in)
+        loss, n = token_loss(logits.float(), tgt_out)
+        (loss / n).backward()
+        results.append((loss.detach(), weights.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (loss, weights, grads), (loss_ref, weights_ref, grads_ref) = results
+    tol = dict(rtol=2e-2, atol=2e-3) if amp else dict(rtol=1e-4, atol=1e-6)  # bf16: rounded in other places
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-3 if amp else 1e-5, atol=0)
+    torch.testing.assert_close(weights, weights_ref, **tol)
+    for k, grad in grads_ref.items():
+        torch.testing.assert_close(grads[k], grad, **tol, msg=k)
+
+
+def test_the_step_runs_only_where_the_kernels_are_compiled(compiled):
+    """Eager kernels, torch's FLOP counter (a dispatch mode) or values of another dtype: None, and the
+    attention computes the step with torch operations."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, keys, v, values, mask = random_step(2, 5, 8, 6, seed=2)
+    assert additive_step(q, keys, v, values.double(), mask) is None
+    with FlopCounterMode(display=False):
+        assert additive_step(q, keys, v, values, mask) is None
+    set_kernels("eager")
+    assert additive_step(q, keys, v, values, mask) is None
+    attention = AdditiveAttention(8, 6, 8)
+    context, weights = attention(q[:, None, :], keys, values, mask)
+    assert context.shape == (2, 1, 6) and weights.shape == (2, 1, 5)
+
+
+def test_a_failing_build_falls_back_to_the_torch_step_or_fails_when_insisted_on(monkeypatch, caplog):
+    """As a failed torch.compile (nmt.compiled): auto warns once and goes on with torch operations;
+    trainer.kernels=compiled is a ConfigError that names the fix."""
+    from torch._inductor import codecache
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(codecache.CppPythonBindingsCodeCache, "load_pybinding", broken)
+    monkeypatch.setattr(compiled_module, "_cache", {})
+    monkeypatch.setattr(compiled_module, "has_compiler", lambda: True)
+    q, keys, v, values, mask = random_step(2, 5, 8, 6, seed=2)
+    assert set_kernels("auto", "cpu") == "compiled"
+    with caplog.at_level("WARNING"):
+        assert additive_step(q, keys, v, values, mask) is None
+    assert "torch.compile failed" in caplog.text and compiled_module.kernels() == "eager"
+    set_kernels("compiled")
+    with pytest.raises(ConfigError, match="trainer.kernels=eager"):
+        additive_step(q, keys, v, values, mask)
+
+
+def plain_cell(x0, wx, c):
+    i, f, g, o = (x0 + wx).chunk(4, dim=-1)
+    cell = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(cell), cell
+
+
+@pytest.mark.parametrize("H", [3, 16, 37, 256])
+@pytest.mark.parametrize("x0_kind", ["strided", "bias"])
+def test_lstm_cell_and_gradients_equal_the_exact_form(H, x0_kind, compiled):
+    """h and the new cell, and the gradients of x0 (a strided view of the embeddings' projection for all
+    steps, or the bias of a layer above the first), wx and c: the fp64 form's to fp32 accuracy."""
+    g = torch.Generator().manual_seed(H)
+    B = 5
+    all_steps = torch.randn(B, 3, 4 * H, generator=g, requires_grad=True)  # (B, T, 4H), as in the loop
+    bias = torch.randn(4 * H, generator=g, requires_grad=True)
+    wx = torch.randn(B, 4 * H, generator=g, requires_grad=True)
+    c = torch.randn(B, H, generator=g, requires_grad=True)
+    leaf = all_steps if x0_kind == "strided" else bias
+    h, cell = lstm_cell(all_steps[:, 1] if x0_kind == "strided" else bias, wx, c)  # step 1: a strided view
+    exact = [x.detach().double().requires_grad_() for x in (all_steps[:, 1] if x0_kind == "strided" else bias, wx, c)]
+    ref_h, ref_cell = plain_cell(*exact)
+    up_h, up_cell = torch.randn(B, H, generator=g), torch.randn(B, H, generator=g)
+    grads = torch.autograd.grad((h * up_h).sum() + (cell * up_cell).sum(), [leaf, wx, c])
+    ref_grads = torch.autograd.grad((ref_h * up_h.double()).sum() + (ref_cell * up_cell.double()).sum(), exact)
+    grad_x0 = grads[0]
+    if x0_kind == "strided":
+        assert (grad_x0[:, [0, 2]] == 0).all()  # the other steps' rows get nothing
+        grad_x0 = grad_x0[:, 1]
+    for a, b in zip([h, cell, grad_x0, *grads[1:]], [ref_h, ref_cell, *ref_grads], strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-6 * max(1.0, b.abs().max().item()))
+
+
+def test_lstm_cell_in_bf16_keeps_the_cell_in_fp32(compiled):
+    """Under bf16 autocast wx (W_r's product) is bf16: h comes out in bf16 (the next matmul's input), the
+    cell in fp32 (it accumulates over every step), both the plain form's on the same inputs."""
+    g = torch.Generator().manual_seed(0)
+    x0, wx, c = torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g).bfloat16(), torch.randn(4, 16)
+    h, cell = lstm_cell(x0, wx, c)
+    ref_h, ref_cell = plain_cell(x0.double(), wx.double(), c.double())
+    assert h.dtype == torch.bfloat16 and cell.dtype == torch.float32
+    torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
+    torch.testing.assert_close(h.double(), ref_h, rtol=2**-8, atol=1e-6)  # one bf16 rounding
