@@ -99,7 +99,7 @@ def additive_step(
         values, steps = values.matrix, values.steps
     else:
         steps = None
-    if values.dtype not in DTYPES or keys.dtype != torch.float32:
+    if values.dtype not in DTYPES or keys.dtype != torch.float32 or mask.dtype != torch.bool:
         return None
     kernel = cpp_kernel(SOURCE, ARGTYPES)
     if kernel is None:

@@ -8,6 +8,8 @@ another on the same batches, so you can see what each setting buys on your machi
     python scripts/step_benchmark.py -- data.root=../shared/data/multi30k model.hidden_size=256
     python scripts/step_benchmark.py fp32-exact-nofeed --data '' -- experiment=bottleneck hydra.mode=RUN \
         attention=bahdanau data.window=4                  # long inputs: windows of 1-4 Bible verses
+    python scripts/step_benchmark.py fp32-exact-nofeed --min-source 100 --data '' -- experiment=bottleneck \
+        hydra.mode=RUN attention=bahdanau data.window=4   # the long windows only: sources of 100+ pieces
 
 Variants (trainer.amp / trainer.bucketing / model.input_feeding):
     fp32-sorted        off  / sorted / true     the plain baseline
@@ -23,7 +25,9 @@ training's order, without validation or logging. The multi30k_deen preset has 26
 --steps beyond that measures what a long run sees, batch shapes met again (compiled kernels reused or
 compiled again). It prints sentences/s, target tokens/s and the tokens/s ratio to the first variant run
 (the two bucketings cut different batches, so their first batches hold different numbers of sentences:
-compare tokens/s); --out writes JSON.
+compare tokens/s); --out writes JSON, with the batches' mean source length and sentences per batch.
+--min-source N times the training examples whose source has at least N pieces only, cut into batches of the
+same batch_tokens by the sampler nmt-train uses (each epoch's long windows, say).
 This measures steps only; scripts/benchmark.py measures whole runs, decoding and BLEU.
 """
 
@@ -43,7 +47,7 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 import torch
 
 from nmt.cli.common import build_run, compose_config, load_data, user_errors
-from nmt.data import collate
+from nmt.data import EncodedSplit, TokenBatchSampler, collate
 from nmt.device import describe_machine
 from nmt.loss import loss_rows, token_loss
 from nmt.memory import VARIABLES, tune_allocator
@@ -73,26 +77,52 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="the Multi30k raw files (data.root); '' when an override picks another corpus",
     )
     p.add_argument("--out", help="also write the results as JSON to this file")
+    p.add_argument(
+        "--min-source",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time only training examples whose source has at least N pieces (default: all)",
+    )
     args = p.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
-    if args.steps < 1 or args.threads < 1:
-        p.error("--steps and --threads must be positive")
+    if args.steps < 1 or args.threads < 1 or args.min_source < 0:
+        p.error("--steps and --threads must be positive, --min-source at least 0")
     return args, overrides
 
 
-def time_variant(cfg, data, steps: int, work: Path) -> dict:
+def long_examples(split: EncodedSplit, sampler: TokenBatchSampler, min_source: int):
+    """The examples of `split` whose source has at least `min_source` pieces, and a sampler like `sampler`
+    (the same batch_tokens, seed and bucketing) over them."""
+    keep = (split.src_lengths >= min_source).nonzero().flatten().tolist()
+    if not keep:
+        raise SystemExit(f"--min-source {min_source}: no training example has a source that long")
+    long = EncodedSplit([split.source(i).tolist() for i in keep], [split.target(i).tolist() for i in keep])
+    bucketing = "exact" if sampler.exact else "sorted"
+    return long, TokenBatchSampler(
+        long.src_lengths, long.tgt_lengths, sampler.batch_tokens, sampler.seed, bucketing=bucketing
+    )
+
+
+def time_variant(cfg, data, steps: int, work: Path, min_source: int = 0) -> dict:
     """Sentences/s and target tokens/s over `steps` optimizer steps after a short warm-up, with the model,
-    optimizer, batches and autocast of the Trainer that nmt-train would build from `cfg`."""
+    optimizer, batches and autocast of the Trainer that nmt-train would build from `cfg` (only the examples
+    with sources of `min_source` pieces or more, when given)."""
     trainer = build_run(cfg, work, "cpu", data)
     model, optimizer, tcfg = trainer.module.train(), trainer.optimizer, trainer.cfg
     batches, epoch = [], 0  # epoch 0's batches, then epoch 1's, ...: as in training, shapes come back
     while len(batches) < WARMUP + steps:
         trainer.use_epoch(epoch)  # that epoch's examples (new verse windows when data.window > 1)
-        batches += [(trainer.train_split, b) for b in trainer.sampler.batches(epoch)]
+        split, sampler = trainer.train_split, trainer.sampler
+        if min_source:
+            split, sampler = long_examples(split, sampler, min_source)
+        batches += [(split, b) for b in sampler.batches(epoch)]
         epoch += 1
     batches = batches[: WARMUP + steps]
+    timed = batches[WARMUP:]
+    source_pieces = sum(int(split.src_lengths[b].sum()) for split, b in timed)
     sentences = tokens = 0
     start = 0.0
     for i, (split, indices) in enumerate(batches):
@@ -118,6 +148,8 @@ def time_variant(cfg, data, steps: int, work: Path) -> dict:
         "seconds": round(seconds, 3),
         "sentences_per_s": round(sentences / seconds, 1),
         "target_tokens_per_s": round(tokens / seconds, 1),
+        "mean_source_pieces": round(source_pieces / sentences, 1),
+        "sentences_per_batch": round(sentences / len(timed), 1),
     }
 
 
@@ -143,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':20s} {'sent/s':>8s} {'tok/s':>8s} {'ratio':>6s}")
     work = Path(tempfile.mkdtemp(prefix="nmt-steps-"))  # the Trainers' run directory (nothing is written)
     for name in names:
-        r = time_variant(configs[name], data, args.steps, work)
+        r = time_variant(configs[name], data, args.steps, work, args.min_source)
         first = first or r["target_tokens_per_s"]
         r["ratio"] = round(r["target_tokens_per_s"] / first, 3)  # tokens, not sentences: batches differ by bucketing
         results[name] = r
@@ -152,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "threads": args.threads,
+            "min_source": args.min_source,
             "overrides": overrides,
             "torch": torch.__version__,
             "machine": describe_machine(args.threads),

@@ -254,6 +254,24 @@ def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
     assert bad.returncode == 2 and "unknown variant(s) fp16" in bad.stderr
 
 
+def test_step_benchmark_times_the_long_examples_only(tmp_path):
+    """--min-source N: only training examples whose source has N pieces or more are timed (batches of the same
+    batch_tokens); the JSON says so, with the timed batches' mean source length; none that long is an error."""
+    out = tmp_path / "long.json"
+    tiny = ["data=synthetic", "data.train_size=200", "data.max_len=8", "tokenizer.vocab_size=60"]
+    tiny += ["model.embed_size=16", "model.encoder_hidden_size=16", "model.hidden_size=32", "trainer.batch_tokens=200"]
+    tiny.append(f"paths.data_dir={tmp_path / 'data'}")
+    script = str(SCRIPT.parent / "step_benchmark.py")
+    cmd = [sys.executable, script, "fp32-exact", "--steps", "2", "--threads", "1", "--data", "", "--out", str(out)]
+    proc = subprocess.run([*cmd, "--min-source", "7", "--", *tiny], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    result = report["results"]["fp32-exact"]
+    assert report["min_source"] == 7 and result["mean_source_pieces"] >= 7 and result["sentences_per_batch"] > 0
+    none = subprocess.run([*cmd, "--min-source", "500", "--", *tiny], capture_output=True, text=True, timeout=300)
+    assert none.returncode != 0 and "--min-source 500: no training example" in none.stderr
+
+
 def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_path):
     """A reused --work appends to the peer's decode log: the last time is this run's. --table re-prints."""
     tmp, _, report = tiny

@@ -230,3 +230,22 @@ def test_lstm_cell_in_bf16_keeps_the_cell_in_fp32(compiled):
     assert h.dtype == torch.bfloat16 and cell.dtype == torch.float32
     torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
     torch.testing.assert_close(h.double(), ref_h, rtol=2**-8, atol=1e-6)  # one bf16 rounding
+
+
+def test_step_by_step_decoding_equals_teacher_forcing_on_the_kernels(compiled):
+    """Search's single step (no gradient, plain keys and values) on the C++ kernels gives the teacher-forced
+    loop's logits and weights, as the torch step does."""
+    model = rnnsearch(input_feeding=False, layers=1).eval()
+    src = torch.randint(4, 30, (3, 7))
+    src[1, 5:] = PAD_ID
+    lengths, tgt_in = torch.tensor([7, 5, 7]), torch.randint(4, 31, (3, 6))
+    with torch.no_grad():
+        logits, weights = model(src, lengths, tgt_in)
+        enc, keys, values, state = model.encode(src, lengths)
+        steps = []
+        for t in range(tgt_in.size(1)):
+            out, state, w = model.decoder.step(tgt_in[:, t], state, keys, values, enc.mask)
+            steps.append((out, w))
+    torch.testing.assert_close(torch.stack([o for o, _ in steps], 1), logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(torch.stack([w for _, w in steps], 1), weights, rtol=0, atol=1e-6)
+    assert (weights[1, :, 5:] == 0).all()
