@@ -249,3 +249,22 @@ def test_step_by_step_decoding_equals_teacher_forcing_on_the_kernels(compiled):
     torch.testing.assert_close(torch.stack([o for o, _ in steps], 1), logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.stack([w for _, w in steps], 1), weights, rtol=0, atol=1e-6)
     assert (weights[1, :, 5:] == 0).all()
+
+
+def test_the_kernels_build_without_a_vector_isa(compiled, monkeypatch):
+    """Where Inductor finds no vector ISA (simdlen 1 stands for such a CPU), the kernels build as plain C++
+    and compute the same numbers."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "simdlen", 1)
+    monkeypatch.setattr(compiled_module, "_cache", {})  # build again, without the vector ISA
+    q, keys, v, values, mask = random_step(2, 9, 20, 11, seed=9, lengths=[9, 4])
+    context, weights = additive_step(q, keys, v, values, mask)
+    ref_context, ref_weights = plain(q.double(), keys.double(), v.double(), values.double(), mask)
+    torch.testing.assert_close(context.double(), ref_context, rtol=0, atol=1e-5 * ref_context.abs().max().item())
+    torch.testing.assert_close(weights.double(), ref_weights, rtol=0, atol=1e-6)
+    x0, wx, c = torch.randn(3, 28), torch.randn(3, 28), torch.randn(3, 7)
+    h, cell = lstm_cell(x0, wx, c)
+    ref_h, ref_cell = plain_cell(x0.double(), wx.double(), c.double())
+    torch.testing.assert_close(h.double(), ref_h, rtol=0, atol=1e-6)
+    torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)

@@ -13,6 +13,9 @@
 // Shapes: B rows, S source positions, A attention size, D value size; every tensor contiguous.
 // Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the entry `kernel`.
 #include <torch/csrc/inductor/cpp_prefix.h>
+// torch's vector types, also where Inductor found no vector ISA (the prefix then leaves them out): scalar then
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <limits>

@@ -9,6 +9,9 @@
 // inputs), h and dh are fp32 or bf16 (T: the matmuls' dtype); cells and dz are fp32. Shapes: n rows, H hidden.
 // Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the entry `kernel`.
 #include <torch/csrc/inductor/cpp_prefix.h>
+// torch's vector types, also where Inductor found no vector ISA (the prefix then leaves them out): scalar then
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 
