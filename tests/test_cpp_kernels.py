@@ -256,15 +256,15 @@ def test_the_kernels_build_without_a_vector_isa(compiled, monkeypatch):
     and compute the same numbers."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "simdlen", 1)
     monkeypatch.setattr(compiled_module, "_cache", {})  # build again, without the vector ISA
     q, keys, v, values, mask = random_step(2, 9, 20, 11, seed=9, lengths=[9, 4])
-    context, weights = additive_step(q, keys, v, values, mask)
+    x0, wx, c = torch.randn(3, 28), torch.randn(3, 28), torch.randn(3, 7)
+    with inductor_config.patch({"cpp.simdlen": 1}):  # Inductor's own patch: restored after, for every test
+        context, weights = additive_step(q, keys, v, values, mask)
+        h, cell = lstm_cell(x0, wx, c)
     ref_context, ref_weights = plain(q.double(), keys.double(), v.double(), values.double(), mask)
     torch.testing.assert_close(context.double(), ref_context, rtol=0, atol=1e-5 * ref_context.abs().max().item())
     torch.testing.assert_close(weights.double(), ref_weights, rtol=0, atol=1e-6)
-    x0, wx, c = torch.randn(3, 28), torch.randn(3, 28), torch.randn(3, 7)
-    h, cell = lstm_cell(x0, wx, c)
     ref_h, ref_cell = plain_cell(x0.double(), wx.double(), c.double())
     torch.testing.assert_close(h.double(), ref_h, rtol=0, atol=1e-6)
     torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
