@@ -28,17 +28,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.compiled import cpp_kernel, is_in_torch_dispatch_mode
+from nmt.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
 from nmt.energy import StepKeys
 from nmt.stepweight import StepMatrix
 
 SOURCE = Path(__file__).parent / "csrc" / "additive_step.cpp"
 ARGTYPES = ["int64_t", "int64_t", *["uintptr_t"] * 12, *["int64_t"] * 4]
 DTYPES = (torch.float32, torch.bfloat16)  # of the values
-
-
-def _address(x: Tensor | None) -> int:
-    return 0 if x is None else x.data_ptr()
 
 
 class _AdditiveStep(torch.autograd.Function):
@@ -49,7 +45,7 @@ class _AdditiveStep(torch.autograd.Function):
         D = values.size(-1)
         weights, context = q.new_empty(B, S), values.new_empty(B, D)
         bf16 = int(values.dtype == torch.bfloat16)
-        kernel(0, bf16, *map(_address, (q, keys, v, mask, values, weights, context)), 0, 0, 0, 0, 0, B, S, A, D)
+        kernel(0, bf16, *map(address, (q, keys, v, mask, values, weights, context)), 0, 0, 0, 0, 0, B, S, A, D)
         ctx.save_for_backward(q, keys, v, values, weights)
         ctx.sums, ctx.steps, ctx.kernel = sums, steps, kernel
         ctx.set_materialize_grads(False)  # no zeros for the weights' gradient when nothing trains on them
@@ -71,7 +67,7 @@ class _AdditiveStep(torch.autograd.Function):
             g_w_keys = torch.zeros_like(keys)
         bf16 = int(values.dtype == torch.bfloat16)
         args = (q, keys, v, None, values, weights, g_context, g_weights, g_scores, g_q, g_v, g_w_keys)
-        ctx.kernel(1, bf16, *map(_address, args), B, S, A, D)
+        ctx.kernel(1, bf16, *map(address, args), B, S, A, D)
         grad_keys = g_w_keys.mul_(4 * v) if sums is None and ctx.needs_input_grad[1] else None  # tanh' = 4 w
         a = weights.to(values.dtype).unsqueeze(1)  # (B, 1, S)
         if ctx.steps is not None:  # StepMatrix: one bmm over all steps forms the values' gradient

@@ -101,6 +101,11 @@ def cpp_kernel(path: Path, argtypes: Sequence[str]) -> Callable | None:
     return _cache[path]
 
 
+def address(x: torch.Tensor | None) -> int:
+    """A tensor's address for a C++ kernel's uintptr_t argument (0 for None)."""
+    return 0 if x is None else x.data_ptr()
+
+
 def _failed(e: Exception) -> None:
     """Compiling failed: a ConfigError where the kernels were insisted on, else a warning and eager kernels."""
     if _state["strict"]:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from nmt.compiled import cpp_kernel, is_in_torch_dispatch_mode
+from nmt.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
 from nmt.stepweight import StepWeight
 
 CELL_SOURCE = Path(__file__).parent / "csrc" / "lstm_cell.cpp"
@@ -103,10 +103,6 @@ def _compiled_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor] |
     return _LSTMCell.apply(x0, wx.contiguous(), c.contiguous(), kernel)
 
 
-def _address(x: Tensor | None) -> int:
-    return 0 if x is None else x.data_ptr()
-
-
 class _LSTMCell(torch.autograd.Function):
     """lstm_cell through nmt/csrc/lstm_cell.cpp; the backward recomputes the gates from x0 + wx."""
 
@@ -131,7 +127,7 @@ class _LSTMCell(torch.autograd.Function):
         dcell = None if dcell is None else dcell.float().contiguous()
         dz, dc = c.new_empty(B, 4 * H), c.new_empty(B, H)
         bf16 = int(wx.dtype == torch.bfloat16)
-        addresses = map(_address, (wx, c, cell, None, dh, dcell, dz, dc))
+        addresses = map(address, (wx, c, cell, None, dh, dcell, dz, dc))
         ctx.kernel(1, bf16, x0.data_ptr(), ctx.stride, *addresses, B, H)
         dx0 = (dz if x0.dim() == 2 else dz.sum(0)) if ctx.needs_input_grad[0] else None
         dwx = dz.to(wx.dtype) if ctx.needs_input_grad[1] else None
