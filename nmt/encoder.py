@@ -21,7 +21,7 @@ MAX_LENGTH_GROUPS = 8  # a CPU batch with more source lengths than this takes th
 
 
 class EncoderOutput(NamedTuple):
-    states: Tensor  # (B, S, D) top-layer output at every position, zero on padding
+    states: Tensor  # (B, S, D) top-layer output at every position, zero on padding; contiguous
     final_h: Tensor  # (L, B, D) last hidden state per layer, directions joined [fwd; bwd]
     final_c: Tensor  # (L, B, D) last cell state per layer, directions joined
     mask: Tensor  # (B, S) True on real tokens
@@ -72,7 +72,9 @@ class Encoder(nn.Module):
             packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
             packed_states, (h, c) = self.rnn(packed)
             states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=S)  # (B, S, D)
-        states = self.dropout(states)
+        # contiguous once here: the unpacked LSTM's batch_first output is a transposed (S, B, D) buffer, and a
+        # decoder step's kernel (nmt.attention_step) or search step would otherwise copy it at every step
+        states = self.dropout(states.contiguous())
         return EncoderOutput(states, self._join(h), self._join(c), mask)
 
     def _by_length(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:

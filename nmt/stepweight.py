@@ -158,7 +158,7 @@ class StepMatrix(NamedTuple):
     def of(cls, matrix: Tensor, dtype: torch.dtype | None, transpose: bool = False) -> Tensor | StepMatrix:
         """`matrix` for the steps of one batch (cast once to `dtype`: nmt.device.step_dtype); the plain tensor when no
         gradient is needed."""
-        matrix = matrix if dtype is None else matrix.to(dtype)
+        matrix = (matrix if dtype is None else matrix.to(dtype)).contiguous()  # once: each step reads it
         if not (torch.is_grad_enabled() and matrix.requires_grad):
             return matrix
         steps = _Steps()

@@ -40,7 +40,7 @@ from nmt.errors import ConfigError
 from nmt.loss import loss_rows, token_loss
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.shapes import linear_rows
-from nmt.stepweight import StepWeight
+from nmt.stepweight import StepMatrix, StepWeight
 from nmt.tokenizer import BOS_ID, PAD_ID
 from nmt.trainer import OptimConfig, TrainerConfig
 
@@ -326,6 +326,23 @@ def test_encoder_summary_is_fwd_at_last_real_token_and_bwd_at_first():
         torch.testing.assert_close(out.summary[b, :H], out.states[b, n - 1, :H])  # forward: last real token
         torch.testing.assert_close(out.summary[b, H:], out.states[b, 0, H:])  # backward: first token
         assert (out.states[b, n:] == 0).all(), "encoder states are zero on padding"
+
+
+@pytest.mark.parametrize("groups", [None, 8, 0], ids=["unpacked", "by length", "packed"])
+def test_encoder_states_are_contiguous(monkeypatch, groups):
+    """Each of the encoder's three LSTM paths hands the attention contiguous (B, S, D) states: a decoder
+    step's C++ kernel (and search's) would otherwise copy the whole batch's states at every step."""
+    import nmt.encoder
+
+    enc = Encoder(SRC_VOCAB, EMBED, ENC_HIDDEN, num_layers=1, bidirectional=True)
+    lengths = [5, 5, 5] if groups is None else [5, 3, 4]  # all full: the one unpacked LSTM call
+    if groups is not None:
+        monkeypatch.setattr(nmt.encoder, "MAX_LENGTH_GROUPS", groups)
+    src, src_lengths, _, _ = make_batch(lengths, [1, 1, 1])
+    states = enc(src, src_lengths).states
+    assert states.shape == (3, 5, ENC_SIZE) and states.is_contiguous()
+    transposed = torch.randn(5, 3, ENC_SIZE, requires_grad=True).transpose(0, 1)  # (B, S, D) the LSTM's way
+    assert StepMatrix.of(transposed, None).matrix.is_contiguous()  # held contiguous for the steps
 
 
 @pytest.mark.parametrize(
