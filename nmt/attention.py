@@ -30,11 +30,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from nmt.attention_step import additive_step
+from nmt.attention_step import additive_step, factored_keys
 from nmt.choices import LuongScore, choice
+from nmt.device import autocast_dtype
 from nmt.energy import StepKeys, additive_energy
 from nmt.shapes import linear_rows
-from nmt.stepweight import StepMatrix, bmm
+from nmt.stepweight import StepMatrix, StepWeight, bmm
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -120,10 +121,16 @@ class AdditiveAttention(Attention):
         return keys.float(), states  # keys in fp32 (nmt.energy)
 
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
-        return StepKeys.of(keys), StepMatrix.of(values, dtype)
+        """The keys with W_s for the steps (StepKeys: one gradient for each over all steps), the values as
+        StepMatrix; W_s cast once to the autocast dtype where autocast is on."""
+        w_s = StepWeight.of(self.query_proj.weight, autocast_dtype(keys.device.type))
+        return StepKeys.of(keys, w_s, factored_keys), StepMatrix.of(values, dtype)
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        q = self.query_proj(query)  # (B, T, A)
+        if isinstance(keys, StepKeys) and keys.query is not None and query.size(1) == 1:  # a training loop's step
+            q = keys.query(query.squeeze(1)).unsqueeze(1)  # (B, 1, A)
+        else:
+            q = self.query_proj(query)  # (B, T, A)
         if q.size(1) == 1:  # a decoder step: one C++ kernel each way where they run (nmt.attention_step)
             step = additive_step(q.squeeze(1), keys, self.v.weight.view(-1), values, mask)
             if step is not None:

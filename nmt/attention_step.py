@@ -33,21 +33,24 @@ from nmt.energy import StepKeys
 from nmt.stepweight import StepMatrix
 
 SOURCE = Path(__file__).parent / "csrc" / "additive_step.cpp"
-ARGTYPES = ["int64_t", "int64_t", *["uintptr_t"] * 12, *["int64_t"] * 4]
+ARGTYPES = ["int64_t", "int64_t", *["uintptr_t"] * 13, *["int64_t"] * 4]
 DTYPES = (torch.float32, torch.bfloat16)  # of the values
+RANGE = 20.0  # the factored sigmoid's bound on |k| (additive_step.cpp says why)
 
 
 class _AdditiveStep(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, keys, v, values, mask, sums, steps, kernel):
-        """q (B, A) fp32, keys (B, S, A) fp32, v (A,) fp32, values (B, S, D), mask (B, S) bool; all contiguous."""
+    def forward(ctx, q, keys, v, values, mask, sums, steps, kernel, exp_keys):
+        """q (B, A) fp32, keys (B, S, A) fp32, v (A,) fp32, values (B, S, D), mask (B, S) bool, exp_keys
+        exp(-2 keys) or None; all contiguous."""
         B, S, A = keys.shape
         D = values.size(-1)
         weights, context = q.new_empty(B, S), values.new_empty(B, D)
         bf16 = int(values.dtype == torch.bfloat16)
-        kernel(0, bf16, *map(address, (q, keys, v, mask, values, weights, context)), 0, 0, 0, 0, 0, B, S, A, D)
+        args = (q, keys, exp_keys, v, mask, values, weights, context)
+        kernel(0, bf16, *map(address, args), 0, 0, 0, 0, 0, B, S, A, D)
         ctx.save_for_backward(q, keys, v, values, weights)
-        ctx.sums, ctx.steps, ctx.kernel = sums, steps, kernel
+        ctx.sums, ctx.steps, ctx.kernel, ctx.exp_keys = sums, steps, kernel, exp_keys
         ctx.set_materialize_grads(False)  # no zeros for the weights' gradient when nothing trains on them
         return context, weights
 
@@ -66,7 +69,7 @@ class _AdditiveStep(torch.autograd.Function):
         else:
             g_w_keys = torch.zeros_like(keys)
         bf16 = int(values.dtype == torch.bfloat16)
-        args = (q, keys, v, None, values, weights, g_context, g_weights, g_scores, g_q, g_v, g_w_keys)
+        args = (q, keys, ctx.exp_keys, v, None, values, weights, g_context, g_weights, g_scores, g_q, g_v, g_w_keys)
         ctx.kernel(1, bf16, *map(address, args), B, S, A, D)
         grad_keys = g_w_keys.mul_(4 * v) if sums is None and ctx.needs_input_grad[1] else None  # tanh' = 4 w
         a = weights.to(values.dtype).unsqueeze(1)  # (B, 1, S)
@@ -76,7 +79,7 @@ class _AdditiveStep(torch.autograd.Function):
             grad_values = None
         else:
             grad_values = torch.bmm(a.transpose(1, 2), g_context.unsqueeze(1)) if ctx.needs_input_grad[3] else None
-        return g_q, grad_keys, g_v.sum(0), grad_values, None, None, None, None
+        return g_q, grad_keys, g_v.sum(0), grad_values, None, None, None, None, None
 
 
 def additive_step(
@@ -88,7 +91,7 @@ def additive_step(
     docstring): the caller computes the step with torch operations."""
     if q.device.type != "cpu" or is_in_torch_dispatch_mode():  # torch's FLOP counter sees the torch path
         return None
-    keys, sums = (keys.keys, keys.sums) if isinstance(keys, StepKeys) else (keys, None)
+    keys, sums, exp_keys = (keys.keys, keys.sums, keys.exp_keys) if isinstance(keys, StepKeys) else (keys, None, None)
     if isinstance(values, StepMatrix):
         if values.transpose:
             return None
@@ -101,4 +104,20 @@ def additive_step(
     if kernel is None:
         return None
     q, v = q.float().contiguous(), v.float().contiguous()
-    return _AdditiveStep.apply(q, keys.contiguous(), v, values.contiguous(), mask.contiguous(), sums, steps, kernel)
+    keys, values, mask = keys.contiguous(), values.contiguous(), mask.contiguous()
+    return _AdditiveStep.apply(q, keys, v, values, mask, sums, steps, kernel, exp_keys)
+
+
+def factored_keys(keys: Tensor) -> Tensor | None:
+    """exp(-2 k) for the keys (B, S, A) fp32 of a training loop's steps (StepKeys.exp_keys), once per batch: the
+    step kernel then computes each sigmoid as 1 / (1 + exp(-2 q) exp(-2 k)), one exp per query element a step
+    where the plain form takes one per (position, element). None where the kernel does not run, or where some
+    |k| > RANGE (exp(-2 q) = inf could then meet exp(-2 k) = 0)."""
+    if keys.device.type != "cpu" or keys.dtype != torch.float32 or is_in_torch_dispatch_mode():
+        return None
+    if cpp_kernel(SOURCE, ARGTYPES) is None:
+        return None
+    with torch.no_grad():
+        if not bool(keys.abs().amax() <= RANGE):  # also NaN
+            return None
+        return torch.exp(keys * -2.0).contiguous()

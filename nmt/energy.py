@@ -34,13 +34,14 @@ Shapes: B batch, T query steps, S source length, A attention size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from nmt.compiled import compiled
-from nmt.stepweight import share
+from nmt.stepweight import StepWeight, share
 
 CHUNK_ELEMENTS = 1 << 18  # elements of one piece's (rows, S, A) buffer: 1 MiB in fp32, within a core's L2
 
@@ -107,22 +108,33 @@ class _KeySums:
 class StepKeys(NamedTuple):
     """The additive attention's keys (B, S, A) for the steps of one batch: each step's backward adds its part
     of the keys' gradient into one buffer, in place, where autograd would form a (B, S, A) gradient per step
-    and add it up."""
+    and add it up. `query`, when given, is the query projection W_s for those steps (nmt.stepweight: its
+    gradient one matmul over all steps, where nn.Linear forms and adds a (A, Q) gradient per step);
+    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.attention_step.factored_keys)."""
 
     keys: Tensor
     sums: _KeySums
+    query: StepWeight | None = None
+    exp_keys: Tensor | None = None
 
     @classmethod
-    def of(cls, keys: Tensor) -> Tensor | StepKeys:
+    def of(
+        cls, keys: Tensor, query: StepWeight | None = None, exp_keys: Callable[[Tensor], Tensor | None] | None = None
+    ) -> Tensor | StepKeys:
+        """The keys (B, S, A) in fp32 for a loop's steps (the plain tensor when no gradient is needed), with W_s
+        and exp_keys(keys) (a function: not called then)."""
         keys = keys.float().contiguous()
         if not (torch.is_grad_enabled() and keys.requires_grad):
             return keys
         sums = _KeySums(keys.shape)
-        return cls(share(keys, sums.take_gradient), sums)
+        return cls(share(keys, sums.take_gradient), sums, query, exp_keys(keys) if exp_keys else None)
 
     def rows(self, n: int) -> StepKeys:
         """The keys of the first n sentences (a view), summing their gradient into the same buffer."""
-        return self if n == self.keys.size(0) else StepKeys(self.keys[:n], self.sums)
+        if n == self.keys.size(0):
+            return self
+        exp_keys = None if self.exp_keys is None else self.exp_keys[:n]
+        return StepKeys(self.keys[:n], self.sums, self.query, exp_keys)
 
 
 class _AdditiveEnergy(torch.autograd.Function):

@@ -7,7 +7,7 @@ import torch
 
 import nmt.compiled as compiled_module
 from nmt.attention import AdditiveAttention
-from nmt.attention_step import additive_step
+from nmt.attention_step import RANGE, additive_step, factored_keys
 from nmt.compiled import set_kernels
 from nmt.energy import StepKeys
 from nmt.errors import ConfigError
@@ -51,15 +51,25 @@ SHAPES = [
 ]
 
 
+def step_keys(keys: torch.Tensor, factored: bool):
+    """The keys as a training loop hands them to its steps: StepKeys (their gradient summed over the steps),
+    with exp(-2 k) for the factored sigmoid when `factored`."""
+    keys = StepKeys.of(keys, None, factored_keys if factored else None)
+    assert isinstance(keys, StepKeys) and (keys.exp_keys is not None) == factored
+    return keys
+
+
+@pytest.mark.parametrize("factored", [False, True], ids=["exp per element", "factored"])
 @pytest.mark.parametrize("B,S,A,D,lengths", SHAPES)
-def test_step_and_gradients_equal_the_exact_form(B, S, A, D, lengths, compiled):
+def test_step_and_gradients_equal_the_exact_form(B, S, A, D, lengths, factored, compiled):
     """Context, weights and the gradients of q, keys, v and values (through the context and the weights) are
-    the fp64 plain form's to fp32 accuracy; padding gets exactly zero weight."""
+    the fp64 plain form's to fp32 accuracy, with the sigmoids from an exp per element (plain keys) or factored
+    (a loop's keys with exp(-2 k)); padding gets exactly zero weight."""
     inputs = random_step(B, S, A, D, seed=B * 100 + S, lengths=lengths)
     mask = inputs[-1]
     ours = [x.clone().requires_grad_() for x in inputs[:4]]
     exact = [x.double().requires_grad_() for x in inputs[:4]]
-    context, weights = additive_step(*ours, mask)
+    context, weights = additive_step(ours[0], step_keys(ours[1], True) if factored else ours[1], *ours[2:], mask)
     ref_context, ref_weights = plain(*exact, mask)
     assert (weights[~mask] == 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(B))
@@ -87,19 +97,23 @@ def test_bf16_values_read_and_written_in_bf16(compiled):
     assert grad.dtype == torch.bfloat16 and (grad[~mask] == 0).all()
 
 
-def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(compiled):
+@pytest.mark.parametrize("factored", [False, True], ids=["exp per element", "factored"])
+def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(factored, compiled):
     """In a decoder loop (StepKeys, StepMatrix; fewer sentences at later steps) every step adds its share of
-    the keys' and values' gradients: the same as autograd's per-step gradients of the plain form."""
+    the keys' and values' gradients: the same as autograd's per-step gradients of the plain form (factored: with
+    queries far beyond the keys' range in some rows, one factor near overflow, the other near underflow)."""
     B, S, A, D = 4, 11, 16, 12
     _, keys, v, values, mask = random_step(B, S, A, D, seed=3, lengths=[11, 11, 6, 3])
     g = torch.Generator().manual_seed(4)
     rows = [4, 4, 3, 1]  # the sentences still decoded at each step
     qs = [torch.randn(n, A, generator=g) for n in rows]
+    qs[1][2] *= 2.15 * RANGE / qs[1][2].abs().max()  # exp(-2 q) near fp32's largest or smallest floats
+    qs[2][0] *= 3 * RANGE / qs[2][0].abs().max()  # and beyond: inf or 0
     up = [torch.randn(n, D, generator=g) for n in rows]
     leaves = [x.clone().requires_grad_() for x in (keys, v, values, *qs)]
-    step_keys, step_values = StepKeys.of(leaves[0]), StepMatrix.of(leaves[2], None)
+    keys_, step_values = step_keys(leaves[0], factored), StepMatrix.of(leaves[2], None)
     loss = sum(
-        (additive_step(q, step_keys.rows(len(q)), leaves[1], step_values.rows(len(q)), mask[: len(q)])[0] * u).sum()
+        (additive_step(q, keys_.rows(len(q)), leaves[1], step_values.rows(len(q)), mask[: len(q)])[0] * u).sum()
         for q, u in zip(leaves[3:], up, strict=True)
     )
     exact = [x.double().requires_grad_() for x in (keys, v, values, *qs)]
@@ -149,6 +163,18 @@ def test_training_step_equals_the_eager_kernels(input_feeding, layers, amp, comp
     torch.testing.assert_close(weights, weights_ref, **tol)
     for k, grad in grads_ref.items():
         torch.testing.assert_close(grads[k], grad, **tol, msg=k)
+
+
+def test_the_factored_form_needs_keys_in_range_and_the_kernel(compiled):
+    """exp(-2 k) is handed to the kernel only where every |k| <= RANGE (the products of the factored sigmoid
+    stay normal floats), and only where the kernel runs."""
+    keys = torch.randn(2, 5, 8)
+    torch.testing.assert_close(factored_keys(keys), torch.exp(-2 * keys))
+    keys[1, 3, 2] = -1.01 * RANGE
+    assert factored_keys(keys) is None
+    assert factored_keys(torch.full((1, 2, 3), float("nan"))) is None
+    set_kernels("eager")
+    assert factored_keys(torch.randn(2, 5, 8)) is None
 
 
 def test_the_step_runs_only_where_the_kernels_are_compiled(compiled):
