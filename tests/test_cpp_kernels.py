@@ -294,3 +294,49 @@ def test_the_kernels_build_without_a_vector_isa(compiled, monkeypatch):
     ref_h, ref_cell = plain_cell(x0.double(), wx.double(), c.double())
     torch.testing.assert_close(h.double(), ref_h, rtol=0, atol=1e-6)
     torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compiled):
+    """A step weight packed for oneDNN (where the compiled kernels run): x W^T and the input gradient g W of
+    steps with any number of rows, and the weight's gradient summed over them, are the plain products'."""
+    import torch.nn.functional as F
+
+    from nmt.device import native_bf16
+    from nmt.stepweight import StepWeight
+
+    if dtype == torch.bfloat16 and not native_bf16("cpu"):
+        pytest.skip("bf16 weights are packed only on a CPU with bf16 hardware")
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(24, 40, generator=g).to(dtype).requires_grad_()
+    xs = [torch.randn(n, 40, generator=g).to(dtype).requires_grad_() for n in (7, 32, 33, 1)]
+    step = StepWeight.of(weight, None)
+    assert step.packed is not None
+    ours = sum((step(x).float() * (i + 1)).sum() for i, x in enumerate(xs))
+    grads = torch.autograd.grad(ours, [weight, *xs])
+    exact = [t.detach().double().requires_grad_() for t in (weight, *xs)]  # the same values, in fp64
+    plain = sum((F.linear(x, exact[0]) * (i + 1)).sum() for i, x in enumerate(exact[1:]))
+    ref = torch.autograd.grad(plain, exact)
+    scale = 1e-5 if dtype == torch.float32 else 2**-7  # bf16: products and gradients rounded to bf16
+    torch.testing.assert_close(ours.double(), plain, rtol=scale, atol=0)
+    for a, b in zip(grads, ref, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=scale * b.abs().max().item())
+    set_kernels("eager")
+    assert StepWeight.of(weight, None).packed is None  # eager kernels: F.linear and mm
+
+
+def test_packing_turns_off_where_onednn_refuses(monkeypatch, compiled):
+    """A torch whose oneDNN refuses the packing (or has moved the op): the plain products, for the rest of
+    the process, and the same numbers."""
+    import nmt.stepweight as stepweight
+
+    def refuse(weight):
+        raise RuntimeError("no packing here")
+
+    monkeypatch.setitem(stepweight._PACKING, "works", True)
+    monkeypatch.setattr(stepweight, "_reorder", refuse)
+    weight = torch.randn(6, 5, requires_grad=True)
+    step = stepweight.StepWeight.of(weight, None)
+    assert step.packed is None and not stepweight._PACKING["works"]
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(step(x), x @ weight.t())
