@@ -5,6 +5,8 @@ Where a training step's time goes, phase by phase, on the batches nmt-train woul
     python scripts/step_profile.py                                   # the multi30k_deen preset
     python scripts/step_profile.py --data '' -- experiment=bottleneck hydra.mode=RUN attention=bahdanau \
         data.window=4                                                # the study's RNNsearch on verse windows
+    python scripts/step_profile.py --min-source 100 --data '' -- experiment=bottleneck hydra.mode=RUN \
+        attention=bahdanau data.window=4                             # its long windows only (100+ pieces)
 
 Each of --steps batches (after 3 warm-up batches) is timed five ways, each forward and backward:
     step         the whole optimizer step, as the Trainer takes it (forward, loss, backward, clip, Adam)
@@ -23,7 +25,8 @@ torch.mm rate (512^3). With --ops N, each timed batch's step runs once more unde
 N operators with the most time of their own (not counting the operators they call) are listed, with their calls and
 microseconds a target token: what a phase's time is made of (the profiler adds its own cost to each call).
 Runs in fp32 (trainer.amp=off: on CPUs without bf16 hardware that is how nmt-train runs) unless an override
-sets trainer.amp; the "of mm" column is against the fp32 rate either way.
+sets trainer.amp; the "of mm" column is against the fp32 rate either way. --min-source N profiles the
+training examples whose source has N pieces or more only, batched as scripts/step_benchmark.py does.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 
 # isort: split
 import torch
+from step_benchmark import long_examples  # this script's neighbour (scripts/ is on the path when run)
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.cli.common import build_run, compose_config, user_errors
@@ -61,9 +65,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--data", default="../shared/data/multi30k", help="Multi30k raw files; '' for another corpus")
     p.add_argument("--ops", type=int, default=0, help="also list the N operators with the most self time (default 0)")
     p.add_argument("--out", help="also write the results as JSON to this file")
+    p.add_argument(
+        "--min-source", type=int, default=0, metavar="N", help="only examples whose source has N+ pieces (default: all)"
+    )
     args = p.parse_args(argv)
-    if args.steps < 1 or args.threads < 1:
-        p.error("--steps and --threads must be positive")
+    if args.steps < 1 or args.threads < 1 or args.min_source < 0:
+        p.error("--steps and --threads must be positive (--min-source 0 or more)")
     if args.ops < 0:
         p.error("--ops must be 0 (no operator list) or more")
     return args, overrides
@@ -162,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose_config(["experiment=multi30k_deen", *root, "trainer.progress=false", "trainer.amp=off", *overrides])
     trainer = build_run(cfg, Path(tempfile.mkdtemp(prefix="nmt-profile-")), "cpu")
     trainer.module.train()
-    split, batches = trainer.train_split, trainer.sampler.batches(0)[: WARMUP + args.steps]
+    split, sampler = trainer.train_split, trainer.sampler
+    if args.min_source:
+        split, sampler = long_examples(split, sampler, args.min_source)
+    batches = sampler.batches(0)[: WARMUP + args.steps]
     seconds = dict.fromkeys(("step", "encoder", "attention", "output+loss", "optimizer"), 0.0)
     counted = dict.fromkeys(("step", "encoder", "attention", "output+loss"), 0)
     sentences = tokens = 0
@@ -250,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": args.threads,
             "machine": describe_machine(args.threads),
             "matmul_fp32_gflops": rate,
+            "min_source": args.min_source,
             "batches": len(batches) - WARMUP,
             "sentences": sentences,
             "target_tokens": tokens,
