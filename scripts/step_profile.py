@@ -173,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_source:
         split, sampler = long_examples(split, sampler, args.min_source)
     batches = sampler.batches(0)[: WARMUP + args.steps]
+    if len(batches) <= WARMUP:
+        raise SystemExit(f"epoch 0 has {len(batches)} batches, no more than the {WARMUP} warm-up ones: nothing to time")
     seconds = dict.fromkeys(("step", "encoder", "attention", "output+loss", "optimizer"), 0.0)
     counted = dict.fromkeys(("step", "encoder", "attention", "output+loss"), 0)
     sentences = tokens = 0

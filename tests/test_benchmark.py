@@ -384,13 +384,14 @@ def test_step_profile_profiles_the_long_examples_only(tmp_path):
     """--min-source N: the profile's batches hold only examples whose source has N pieces or more (the JSON
     says N); none that long is an error."""
     out = tmp_path / "long.json"
-    tiny = ["experiment=quick", "attention=bahdanau", "data.train_size=300", f"paths.data_dir={tmp_path / 'data'}"]
+    tiny = ["experiment=quick", "attention=bahdanau", "data.train_size=300", "trainer.batch_tokens=300"]
+    tiny.append(f"paths.data_dir={tmp_path / 'data'}")
     script = str(SCRIPT.parent / "step_profile.py")
     cmd = [sys.executable, script, "--steps", "2", "--threads", "1", "--data", "", "--out", str(out)]
     options = dict(capture_output=True, text=True, timeout=300, cwd=ROOT)
-    proc = subprocess.run([*cmd, "--min-source", "6", "--", *tiny], **options)
+    proc = subprocess.run([*cmd, "--min-source", "4", "--", *tiny], **options)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert report["min_source"] == 6 and report["batches"] == 2 and report["target_tokens"] > 0
+    assert report["min_source"] == 4 and report["batches"] == 2 and report["target_tokens"] > 0
     none = subprocess.run([*cmd, "--min-source", "900", "--", *tiny], **options)
     assert none.returncode != 0 and "--min-source 900: no training example" in none.stderr
