@@ -9,8 +9,10 @@ same number of target tokens (README "Long inputs"), so that cost per step is wh
 sigmoids (as nmt.energy), the masked softmax and the context sum_s a_s V_s; and its backward in another: the
 weights' gradient from the values, the softmax's backward, and the energy's (the sigmoids recomputed), adding
 the keys' share into StepKeys' sums and recording the values' (a_t, g_t) for StepMatrix's one bmm, as the
-torch path does. Its exp is torch's fast vector exp (at most 20 ulp): the tests hold it to the fp64 plain
-form to 1e-5 of each tensor's largest value, like the compiled energy.
+torch path does. Its exp is torch's fast vector exp (at most 20 ulp); in a training loop, whose keys come
+with exp(-2k) computed once a batch (`factored_keys`), each sigmoid is 1 / (1 + exp(-2q) exp(-2k)) instead,
+with no exp per (position, element). The tests hold both to the fp64 plain form to 1e-5 of each tensor's
+largest value, like the compiled energy.
 
 It runs where the kernels are compiled (trainer.kernels, nmt.compiled: Inductor's C++ toolchain builds it,
 a second or two once per machine) on a CPU, for one query step (T = 1) with fp32 or bf16 values; elsewhere

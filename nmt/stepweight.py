@@ -10,6 +10,9 @@ the shared tensor's backward, which autograd runs after every step's, does the o
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
 
+Where the compiled kernels run (trainer.kernels), the weight is also packed once per batch into oneDNN's
+layout for the steps' products (`Packed`).
+
 The attention's values (and the keys of the matmul scores) are the same for a batch of matrices, one per
 sentence: `StepMatrix.of(values, dtype)` hands them to the steps, each step's a_t M records (a_t, g_t), and the
 gradient is one bmm over the stacked steps, A^T G, instead of one (B, S, D) outer product and addition per step.
