@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
+from nmt.decoder_loop import decoder_loop
 from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
@@ -216,8 +217,15 @@ class Decoder(nn.Module):
         state = _fp32_cells(state)
         multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None else 1
         active = active_rows(tgt_in, multiple)  # rows computed at each step (B while no sentence has ended)
+        x0_all = self._inputs(emb, params)  # (B, T, 4H)
+        if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
+            loop = decoder_loop(self.attention, x0_all, state.h, state.c, keys, values, mask, params.layers, active)
+            if loop is not None:
+                context, out, weights = loop  # (N, D), (N, H), (N, S)
+                attn_h = self._attentional(self.combine, context, out)  # (N, H)
+                return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
         outputs, contexts, all_weights = [], [], []
-        for x0, n in zip(self._inputs(emb, params).unbind(1), active, strict=True):  # unbind: one backward
+        for x0, n in zip(x0_all.unbind(1), active, strict=True):  # unbind: one backward
             if n < state.feed.size(0):  # the sentences from row n on have ended: go on without them
                 state = DecoderState(state.h[:, :n], state.c[:, :n], state.feed[:n])
                 keys, values, mask = first_rows(keys, n), first_rows(values, n), mask[:n]

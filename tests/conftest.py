@@ -48,6 +48,17 @@ def torch_compiles() -> bool:
     return True
 
 
+@pytest.fixture
+def compiled(torch_compiles):
+    """The compiled kernels (nmt.compiled) for one test; skipped where this machine cannot compile (no C++
+    compiler). The autouse fixture below sets eager kernels again after the test."""
+    if not torch_compiles:
+        pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
+    from nmt.compiled import set_kernels
+
+    set_kernels("compiled")
+
+
 @pytest.fixture(autouse=True)
 def eager_kernels_after_each_test():
     """A Trainer chooses the process's kernels (nmt.compiled): put them back to eager after each test, so that

@@ -18,14 +18,6 @@ from nmt.stepweight import StepMatrix
 from nmt.tokenizer import BOS_ID, PAD_ID
 
 
-@pytest.fixture
-def compiled(torch_compiles):
-    """The compiled kernels; skipped where this machine cannot compile (no C++ compiler)."""
-    if not torch_compiles:
-        pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
-    set_kernels("compiled")  # the autouse fixture of conftest.py sets eager after every test
-
-
 def plain(q, keys, v, values, mask):
     """q (B, A), keys (B, S, A), v (A,), values (B, S, D), mask (B, S) -> context (B, D), weights (B, S)."""
     scores = torch.tanh(q[:, None, :] + keys) @ v  # (B, S)

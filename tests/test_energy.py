@@ -101,14 +101,6 @@ def test_step_keys_are_plain_keys_without_gradients():
 # ------------------------------------------------------------------------------ compiled kernels (nmt.compiled)
 
 
-@pytest.fixture
-def compiled(torch_compiles):
-    """The kernels compiled by torch.compile; skipped where this machine cannot compile (no C++ compiler)."""
-    if not torch_compiles:
-        pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
-    set_kernels("compiled")  # the autouse fixture of conftest.py sets eager after every test
-
-
 @pytest.mark.parametrize("B,T,S,A", [(3, 1, 5, 7), (1, 1, 9, 16), (4, 6, 9, 8), (5, 1, 700, 600), (2, 3, 40, 32)])
 def test_compiled_energy_and_gradients_equal_the_exact_form(B, T, S, A, compiled, monkeypatch):
     """The compiled kernels (one step: T = 1, or many) give the fp64 plain form's scores and gradients to fp32
