@@ -15,6 +15,8 @@ attention and LSTM, and W_c runs once over all steps after it, or, when the atte
 
 The step loop runs the LSTM written out one step at a time (nmt.lstm: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
+Where the compiled kernels run on a CPU, RNNsearch's loop (query=previous, no input feeding, one layer) runs
+as one autograd node instead (nmt.decoder_loop: the same arithmetic, without autograd at every step).
 On a batch sorted longest target first (the training sampler's order) the loop leaves each sentence once its
 target has ended: step t computes the sentences longer than t only (`active_rows`), and the positions after
 a sentence's end, which the loss skips, get zeros.
