@@ -173,7 +173,9 @@ class LuongAttention(Attention):
 
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
         if self.score_name == "concat":
-            return self.additive.for_steps(keys, values, dtype)
+            # its steps score through additive.score (nn.Linear W_s, the fused energy): StepKeys for the keys' sums
+            # only, without the packed W_s and exp(-2k) that only AdditiveAttention's C++ step reads
+            return StepKeys.of(keys), StepMatrix.of(values, dtype)
         return StepMatrix.of(keys, dtype, transpose=True), StepMatrix.of(values, dtype)
 
     def score(self, query: Tensor, keys: Tensor) -> Tensor:

@@ -89,3 +89,16 @@ def test_the_loop_node_runs_for_rnnsearch_only(changes, compiled, monkeypatch):
     set_kernels("eager")
     model_of()(src, src_lengths, tgt_in)[0].sum().backward()
     assert calls == []
+
+
+def test_luong_concat_steps_get_the_keys_sums_only(compiled):
+    """Luong's concat score runs through the additive energy with its own W_s: a training loop hands it the
+    keys' sums, not the packed W_s and exp(-2k) that AdditiveAttention's C++ step reads (made per batch,
+    unused); its loop still trains every parameter."""
+    model = model_of(attention="luong", attention_options={"score": "concat"})
+    keys = torch.randn(2, 5, 20, requires_grad=True)
+    step_keys, _ = model.decoder.attention.for_steps(keys, torch.randn(2, 5, 24, requires_grad=True), None)
+    assert step_keys.query is None and step_keys.exp_keys is None
+    src, src_lengths, tgt_in, _ = batch([8, 6, 6, 2])
+    model(src, src_lengths, tgt_in)[0].sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
