@@ -25,7 +25,6 @@ Shapes: B batch, T steps, S source length, A attention size, D value size, H hid
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.attention import AdditiveAttention
@@ -33,7 +32,7 @@ from nmt.attention_step import ARGTYPES, DTYPES, SOURCE
 from nmt.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
 from nmt.energy import StepKeys
 from nmt.lstm import CELL_ARGTYPES, CELL_SOURCE, LayerParams
-from nmt.stepweight import Packed, StepMatrix, StepWeight
+from nmt.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
 
 
 def decoder_loop(
@@ -99,13 +98,6 @@ class _Plan:
         self.step_kernel, self.cell_kernel = step_kernel, cell_kernel
 
 
-def _product(x: Tensor, weight: Tensor, packed: Packed | None, backward: bool = False) -> Tensor:
-    """x W^T (or, `backward`, g W), through the packed weight where there is one."""
-    if packed is not None:
-        return Packed.product(x, packed.backward if backward else packed.forward)
-    return x.mm(weight) if backward else F.linear(x, weight)
-
-
 class _Loop(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0, h0, c0, keys, v, values, w_s, w_r, plan: _Plan):
@@ -118,13 +110,13 @@ class _Loop(torch.autograd.Function):
         h, c, row = h0, c0, 0
         for t, n in enumerate(plan.active):
             h, c = h[:n], c[:n]  # the sentences still decoded: the first n rows
-            q = _product(h, w_s, plan.w_s.packed).float()  # (n, A)
+            q = step_product(h, w_s, plan.w_s.packed).float()  # (n, A)
             context, weight = contexts[row : row + n], weights[row : row + n]
             exp_keys = None if plan.exp_keys is None else plan.exp_keys[:n]
             args = (q, keys[:n], exp_keys, v, plan.mask[:n], values[:n], weight, context)
             plan.step_kernel(0, bf16_values, *map(address, args), 0, 0, 0, 0, 0, n, S, A, D)
             x = torch.cat([context.to(w_r.dtype), h], dim=1)  # (n, D + H)
-            wx = _product(x, w_r, plan.w_r.packed)  # (n, 4H)
+            wx = step_product(x, w_r, plan.w_r.packed)  # (n, 4H)
             h_new, cell = outputs[row : row + n], cells[row : row + n]
             x0_t = x0[:n, t]  # (n, 4H), its rows T x 4H apart
             addresses = (wx.data_ptr(), c.data_ptr(), cell.data_ptr(), h_new.data_ptr(), 0, 0, 0, 0)
@@ -142,7 +134,6 @@ class _Loop(torch.autograd.Function):
     def backward(ctx, g_contexts: Tensor | None, g_outputs: Tensor | None, g_weights: Tensor | None):
         x0, h0, c0, keys, v, values, w_s, w_r, outputs, weights, cells = ctx.saved_tensors
         plan, (queries, joined, gates) = ctx.plan, ctx.steps
-        B, T, _ = x0.shape
         S, A, D, H = keys.size(1), keys.size(2), values.size(2), h0.size(1)
         bf16_values, bf16 = int(values.dtype == torch.bfloat16), int(w_r.dtype == torch.bfloat16)
         g_x0, g_v = torch.zeros_like(x0), v.new_zeros(A)
@@ -169,7 +160,7 @@ class _Loop(torch.autograd.Function):
             g_wx = g_z.to(w_r.dtype)
             plan.w_r.steps.inputs.append(joined[t])  # W_r's gradient: one matmul after this node
             plan.w_r.steps.grads.append(g_wx)
-            g_x = _product(g_wx, w_r, plan.w_r.packed, backward=True)  # (n, D + H)
+            g_x = step_input_gradient(g_wx, w_r, plan.w_r.packed)  # (n, D + H)
             g_context = g_x[:, :D].to(values.dtype)
             if g_contexts is not None:
                 g_context = g_context + g_contexts[row : row + n]
@@ -186,7 +177,7 @@ class _Loop(torch.autograd.Function):
             g_q = g_q.to(w_s.dtype)
             plan.w_s.steps.inputs.append(h_prev)
             plan.w_s.steps.grads.append(g_q)
-            g_h = g_x[:, D:].float() + _product(g_q, w_s, plan.w_s.packed, backward=True).float()  # s_{t-1}'s
+            g_h = g_x[:, D:].float() + step_input_gradient(g_q, w_s, plan.w_s.packed).float()  # s_{t-1}'s
         g_h0 = g_h.to(h0.dtype) if ctx.needs_input_grad[1] else None  # step 0 computes every sentence: (B, H)
         g_c0 = g_c if ctx.needs_input_grad[2] else None
         return g_x0, g_h0, g_c0, None, g_v, None, None, None, None

@@ -137,6 +137,20 @@ def _reorder(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
+def step_product(x: Tensor, weight: Tensor, packed: Packed | None) -> Tensor:
+    """x W^T, through the packed W where there is one (x 2-D, outside torch's dispatch modes), else F.linear."""
+    if packed is not None and x.dim() == 2 and not is_in_torch_dispatch_mode():
+        return Packed.product(x, packed.forward)
+    return F.linear(x, weight)
+
+
+def step_input_gradient(grad: Tensor, weight: Tensor, packed: Packed | None) -> Tensor:
+    """g W (x W^T's input gradient), through the packed W^T where there is one and g is in W's dtype."""
+    if packed is not None and grad.dtype == weight.dtype and not is_in_torch_dispatch_mode():
+        return Packed.product(grad, packed.backward)
+    return grad.mm(weight)
+
+
 class _StepLinear(torch.autograd.Function):
     """x W^T for one step; its weight gradient is left to _Steps.weight_gradient (only the input gradient here)."""
 
@@ -144,9 +158,7 @@ class _StepLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, steps: _Steps, packed: Packed | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.steps, ctx.packed = steps, packed
-        if packed is not None and x.dim() == 2 and not is_in_torch_dispatch_mode():
-            return Packed.product(x, packed.forward)
-        return F.linear(x, weight)
+        return step_product(x, weight, packed)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -155,9 +167,7 @@ class _StepLinear(torch.autograd.Function):
         ctx.steps.grads.append(grad)
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
-        if ctx.packed is not None and grad.dtype == weight.dtype and not is_in_torch_dispatch_mode():
-            return Packed.product(grad, ctx.packed.backward), None, None, None
-        return grad.mm(weight), None, None, None
+        return step_input_gradient(grad, weight, ctx.packed), None, None, None
 
 
 class StepWeight(NamedTuple):
