@@ -93,27 +93,45 @@ class PreparedData:
         """The text pairs of `split` in the order of `encoded[split]`."""
         return [self.corpus.splits[split][i] for i in self.kept[split]]
 
+    def over_length(self, max_length: int) -> dict[str, int]:
+        """Evaluation split -> how many of its pairs have more than `max_length` pieces on either side (EOS
+        included, as training counts them): kept, since evaluation never drops a pair, but worth saying, e.g.
+        for the long windows of the bottleneck study."""
+        out = {}
+        for split, enc in self.encoded.items():
+            if split != "train":
+                n = int(((enc.src_lengths > max_length) | (enc.tgt_lengths > max_length)).sum())
+                if n:
+                    out[split] = n
+        return out
+
     def train_split(self, epoch: int, seed: int) -> EncodedSplit:
-        """What epoch `epoch` trains on: the encoded training pairs, or (Bible, data.window = K > 1) windows
-        of 1..K consecutive verses of one chapter, drawn anew for each epoch (the same for the same seed)."""
+        """What epoch `epoch` trains on: the encoded training pairs, or (data.window = K > 1) windows of 1..K
+        pairs drawn anew for each epoch (the same for the same seed): consecutive verses of one chapter (Bible),
+        else consecutive pairs of a fresh shuffle of the training split (captions, the user's files)."""
         if self.corpus.window <= 1:
             return self.encoded["train"]
-        chapters = [self.corpus.chapters["train"][i] for i in self.kept["train"]]
         rng = random.Random(seed * 1_000_003 + epoch)
-        return window_split(self.encoded["train"], chapters, self.corpus.window, rng)
+        if "train" in self.corpus.chapters:
+            chapters = [self.corpus.chapters["train"][i] for i in self.kept["train"]]
+            runs = [list(run) for _, run in itertools.groupby(range(len(chapters)), key=chapters.__getitem__)]
+        else:
+            order = list(range(len(self.encoded["train"])))
+            rng.shuffle(order)
+            runs = [order]
+        return window_split(self.encoded["train"], runs, self.corpus.window, rng)
 
 
-def window_split(split: EncodedSplit, chapters: list[int], max_verses: int, rng: random.Random) -> EncodedSplit:
-    """Consecutive examples of one chapter joined into windows of 1..max_verses (sizes drawn uniformly by
-    `rng`); every example lands in exactly one window. Ids are joined as the text would be: a window's
-    sources are its verses' pieces with one EOS at the end (SentencePiece cuts at spaces, so the pieces of
-    "a b" are those of "a" followed by those of "b")."""
+def window_split(split: EncodedSplit, runs: list[list[int]], max_pairs: int, rng: random.Random) -> EncodedSplit:
+    """The examples of each run (a list of indices into `split`, in order) joined into windows of consecutive
+    examples, 1..max_pairs long (sizes drawn uniformly by `rng`); every example lands in exactly one window.
+    Ids are joined as the text would be: a window's sources are its pairs' pieces with one EOS at the end
+    (SentencePiece cuts at spaces, so the pieces of "a b" are those of "a" followed by those of "b")."""
     src, tgt = [], []
-    for _, run in itertools.groupby(range(len(split)), key=chapters.__getitem__):
-        idx = list(run)
+    for idx in runs:
         start = 0
         while start < len(idx):
-            window = idx[start : start + rng.randint(1, max_verses)]
+            window = idx[start : start + rng.randint(1, max_pairs)]
             src.append([t for i in window for t in split.source(i)[:-1].tolist()] + [EOS_ID])
             tgt.append([t for i in window for t in split.target(i)[:-1].tolist()] + [EOS_ID])
             start += len(window)

@@ -6,9 +6,9 @@ another on the same batches, so you can see what each setting buys on your machi
     python scripts/step_benchmark.py                       # every variant below
     python scripts/step_benchmark.py fp32-sorted bf16-exact --steps 80
     python scripts/step_benchmark.py -- data.root=../shared/data/multi30k model.hidden_size=256
-    python scripts/step_benchmark.py fp32-exact-nofeed --data '' -- experiment=bottleneck hydra.mode=RUN \
+    python scripts/step_benchmark.py fp32-exact-nofeed --data '' -- experiment=bottleneck_bible hydra.mode=RUN \
         attention=bahdanau data.window=4                  # long inputs: windows of 1-4 Bible verses
-    python scripts/step_benchmark.py fp32-exact-nofeed --min-source 100 --data '' -- experiment=bottleneck \
+    python scripts/step_benchmark.py fp32-exact-nofeed --min-source 100 --data '' -- experiment=bottleneck_bible \
         hydra.mode=RUN attention=bahdanau data.window=4   # the long windows only: sources of 100+ pieces
 
 Variants (trainer.amp / trainer.bucketing / model.input_feeding):

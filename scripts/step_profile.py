@@ -3,9 +3,9 @@
 Where a training step's time goes, phase by phase, on the batches nmt-train would train on:
 
     python scripts/step_profile.py                                   # the multi30k_deen preset
-    python scripts/step_profile.py --data '' -- experiment=bottleneck hydra.mode=RUN attention=bahdanau \
+    python scripts/step_profile.py --data '' -- experiment=bottleneck_bible hydra.mode=RUN attention=bahdanau \
         data.window=4                                                # the study's RNNsearch on verse windows
-    python scripts/step_profile.py --min-source 100 --data '' -- experiment=bottleneck hydra.mode=RUN \
+    python scripts/step_profile.py --min-source 100 --data '' -- experiment=bottleneck_bible hydra.mode=RUN \
         attention=bahdanau data.window=4                             # its long windows only (100+ pieces)
 
 Each of --steps batches (after 3 warm-up batches) is timed five ways, each forward and backward:

