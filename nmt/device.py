@@ -105,6 +105,33 @@ def describe_machine(threads: int) -> dict:
     }
 
 
+def code_commit() -> str | None:
+    """The git commit of the checkout this package runs from ("<hash>", or "<hash>-dirty" with uncommitted
+    changes to tracked files); None outside a git checkout or without git."""
+    import subprocess
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=20)
+        if head.returncode != 0:
+            return None
+        status = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def provenance(threads: int) -> dict:
+    """Where and with what a run trains: the code's commit (code_commit) and describe_machine's facts."""
+    return {"commit": code_commit(), **describe_machine(threads)}
+
+
 def run_lstm(rnn, x, state=None):
     """`rnn(x, state)` for an nn.LSTM over an unpacked (B, S, E) batch, under bf16 autocast or not.
 

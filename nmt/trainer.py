@@ -35,7 +35,7 @@ from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, Schedule, choice
 from nmt.compiled import set_kernels
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
-from nmt.device import use_bf16
+from nmt.device import provenance, use_bf16
 from nmt.errors import CheckpointError, NMTError
 from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
@@ -131,6 +131,7 @@ class Trainer:
         self.run_dir, self.device = Path(run_dir), torch.device(device)
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
         self.run_config = run_config or {}
+        self.provenance = provenance(torch.get_num_threads()) if rank == 0 else {}  # commit, CPU, torch
         self.hooks = list(hooks)
         self.model = model.to(self.device)
         self.module = model  # the bare model (not the DDP wrapper): checkpoints and decoding use it
@@ -204,6 +205,7 @@ class Trainer:
             "src_vocab": self.module.src_vocab,
             "tgt_vocab": self.module.tgt_vocab,
             "config": self.run_config,
+            "provenance": self.provenance,
             "spm_src": self.data.tokenizer.src_model,
             "spm_tgt": self.data.tokenizer.tgt_model,
             "optimizer": self.optimizer.state_dict(),
