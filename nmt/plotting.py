@@ -79,11 +79,17 @@ def bleu_by_length_figure(series: dict[str, list[dict]], title: str = "BLEU by s
     )
 
 
-def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by window size") -> Figure:
+def bleu_by_window_figure(
+    series: dict[str, list[dict]],
+    title: str = "BLEU by window size",
+    xlabel: str = "verses per input (window size k)",
+    trained_k: int | None = None,
+) -> Figure:
     """BLEU against the window size k, one line (and its interval band) per series.
 
-    Each row: {"k", "bleu", "low"/"high" (interval, may be None), "source_words" (mean per window)}. The
-    x ticks say k and the mean source words of the first series' windows.
+    Each row: {"k", "bleu", "low"/"high" (interval, may be None), "source_words" (mean per window), optional
+    "seed_bleu" (each seed's BLEU, drawn as dots)}. The x ticks say k and the mean source words of the first
+    series' windows; with `trained_k`, a dashed line marks where the k never seen in training begin.
     """
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     ticks: dict[int, str] = {}
@@ -93,17 +99,30 @@ def bleu_by_window_figure(series: dict[str, list[dict]], title: str = "BLEU by w
             ticks.setdefault(r["k"], f"k={r['k']}\n({r.get('source_words', 0):.0f} words)")
         if not rows:
             continue
-        _line_with_band(ax, name, [r["k"] for r in rows], rows)
-    return _finish_bleu_axes(
-        fig, ax, sorted(ticks), [ticks[k] for k in sorted(ticks)], "verses per input (window size k)", title
-    )
+        line = _line_with_band(ax, name, [r["k"] for r in rows], rows)
+        for r in rows:
+            seeds = [b for b in r.get("seed_bleu") or [] if b is not None]
+            if len(seeds) > 1:
+                ax.scatter([r["k"]] * len(seeds), seeds, s=9, color=line.get_color(), alpha=0.6, zorder=3)
+    if trained_k is not None and ticks and max(ticks) > trained_k:
+        ax.axvline(trained_k + 0.5, color="grey", linestyle="--", linewidth=1)
+        ax.text(
+            trained_k + 0.55,
+            0.02,
+            "longer than\nany training input",
+            fontsize=7,
+            color="grey",
+            transform=ax.get_xaxis_transform(),
+        )
+    return _finish_bleu_axes(fig, ax, sorted(ticks), [ticks[k] for k in sorted(ticks)], xlabel, title)
 
 
-def _line_with_band(ax, name: str, x: list, rows: list[dict]) -> None:
-    """BLEU of `rows` at `x`, and the rows' interval ("low"/"high") as a band of the line's colour."""
+def _line_with_band(ax, name: str, x: list, rows: list[dict]):
+    """BLEU of `rows` at `x`, and the rows' interval ("low"/"high") as a band of the line's colour; the line."""
     line = ax.plot(x, [r["bleu"] for r in rows], marker="o", label=name)[0]
     if all(r.get("low") is not None and r.get("high") is not None for r in rows):
         ax.fill_between(x, [r["low"] for r in rows], [r["high"] for r in rows], alpha=0.2, color=line.get_color())
+    return line
 
 
 def _finish_bleu_axes(fig: Figure, ax, ticks: list, labels: list[str], xlabel: str, title: str) -> Figure:

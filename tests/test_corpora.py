@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import math
 import re
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from nmt.corpora import (
     read_tsv,
 )
 from nmt.corpora import bible as bible_module
+from nmt.corpora.windows import add_window_splits, check_window, windows
 from nmt.errors import DataError
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -521,3 +523,177 @@ def test_numeric_bible_codes_from_the_command_line_are_codes(tmp_path):
     assert (cfg.data.source_translation, cfg.data.target_translation) == ("4", "3")
     with pytest.raises(DataError, match="no such file"):  # past the code checks, at the database
         load_bible(4, "k", db_path=str(tmp_path / "bible.db"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Windows of consecutive pairs (nmt.corpora.windows): every corpus's data.window / data.window_test
+
+
+def words(pairs, side: int) -> list[str]:
+    """The words of one side of `pairs`, in order."""
+    return " ".join(p[side] for p in pairs).split()
+
+
+def assert_window_sets(splits: dict, name: str, largest: int) -> None:
+    """`<name>_k1..<name>_k<largest>`: k1 is the split itself, and every k holds ceil(n / k) windows and the
+    same source and reference words in order (one unit: the whole split)."""
+    pairs = splits[name]
+    assert splits[f"{name}_k1"] == pairs
+    assert f"{name}_k{largest + 1}" not in splits
+    for k in range(1, largest + 1):
+        sets = splits[f"{name}_k{k}"]
+        assert len(sets) == math.ceil(len(pairs) / k), (name, k)
+        for side in (0, 1):
+            assert words(sets, side) == words(pairs, side), (name, k, side)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    runs=st.lists(st.integers(1, 9), min_size=1, max_size=8),
+    k=st.integers(1, 6),
+    tokens=st.integers(1, 3),
+)
+def test_windows_cut_each_unit_in_order_into_windows_of_exactly_k(runs, k, tokens):
+    """Units are runs of equal numbers (neighbouring runs differ); each unit's pairs are cut in file order into
+    windows of exactly k, its last window holding the rest, joined with one space; no window crosses a unit."""
+    units = [u % 2 for u, n in enumerate(runs) for _ in range(n)]  # neighbours alternate: 0, 1, 0, ...
+    pairs = [(" ".join(f"s{i}.{j}" for j in range(tokens)), f"t{i}") for i in range(len(units))]
+    out = windows(pairs, units, k)
+    expected, start = [], 0
+    for n in runs:
+        for first in range(start, start + n, k):
+            window = pairs[first : min(first + k, start + n)]
+            expected.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
+        start += n
+    assert out == expected
+    assert len(out) == sum(math.ceil(n / k) for n in runs)
+    for side in (0, 1):
+        assert words(out, side) == words(pairs, side)
+    assert windows(pairs, units, 1) == pairs
+
+
+def test_windows_refuse_a_size_below_one():
+    with pytest.raises(ValueError, match="window size 0"):
+        windows([("a", "A")], [0], 0)
+
+
+@pytest.mark.parametrize("largest", [2, 4])
+def test_add_window_splits_adds_one_set_per_k_for_every_split_but_train(largest):
+    splits = {
+        "train": [(f"a{i}", f"A{i}") for i in range(7)],
+        "valid": [(f"b{i}", f"B{i}") for i in range(5)],
+        "test": [(f"c{i} d{i}", f"C{i}") for i in range(6)],
+        "test_extra": [("e", "E")],
+    }
+    units = {"test": [1, 1, 1, 2, 2, 2]}  # test in two units; the others one unit each
+    out = add_window_splits(splits, units, largest)
+    assert set(out) == set(splits) | {
+        f"{s}_k{k}" for s in ("valid", "test", "test_extra") for k in range(1, largest + 1)
+    }
+    assert all(out[name] == pairs for name, pairs in splits.items())  # the splits themselves are unchanged
+    assert not any(name.startswith("train_k") for name in out)
+    for name in ("valid", "test_extra"):
+        assert_window_sets(out, name, largest)
+    for k in range(1, largest + 1):
+        assert out[f"test_k{k}"] == windows(splits["test"], units["test"], k)
+        assert len(out[f"test_k{k}"]) == 2 * math.ceil(3 / k)  # no window crosses the unit boundary
+
+
+def test_add_window_splits_adds_nothing_for_single_pairs():
+    splits = {"train": [("a", "A")], "valid": [("b", "B")], "test": [("c", "C")]}
+    assert add_window_splits(splits, {}, 1) == splits
+
+
+def test_check_window_gives_the_largest_test_window():
+    assert check_window(1, None, "pairs") == 1
+    assert check_window(3, None, "pairs") == 3
+    assert check_window(2, 5, "pairs") == 5
+    assert check_window(4, 1, "pairs") == 1
+
+
+@pytest.mark.parametrize(
+    ("window", "window_test", "key"),
+    [(0, None, "data.window=0"), (-1, 2, "data.window=-1"), (2, 0, "data.window_test=0")],
+)
+def test_check_window_errors_name_the_key(window, window_test, key):
+    with pytest.raises(DataError, match=re.escape(key)) as err:
+        check_window(window, window_test, "captions")
+    assert "captions" in str(err.value)
+
+
+@pytest.mark.parametrize(("window", "window_test", "key"), [(0, None, "data.window=0"), (2, 0, "data.window_test=0")])
+def test_every_corpus_checks_its_window(tmp_path, window, window_test, key):
+    with pytest.raises(DataError, match=re.escape(key)):
+        load_multi30k(str(tmp_path), window=window, window_test=window_test)  # before looking for files
+    with pytest.raises(DataError, match=re.escape(key)):
+        load_files(str(tmp_path / "absent.tsv"), window=window, window_test=window_test)
+    with pytest.raises(DataError, match=re.escape(key)):
+        load_bible(window=window, window_test=window_test)
+
+
+@pytest.fixture
+def line_files(tmp_path):
+    """Line-aligned training files and given valid and test files (TSV and a line-aligned pair)."""
+    train_src = write(tmp_path / "train.de", "".join(f"quelle {i} hier\n" for i in range(30)).encode())
+    train_tgt = write(tmp_path / "train.en", "".join(f"source {i}\n" for i in range(30)).encode())
+    valid = write(tmp_path / "valid.tsv", "".join(f"v {i} q\tV {i}\n" for i in range(7)).encode())
+    test_src = write(tmp_path / "test.de", "".join(f"t {i} a b\n" for i in range(10)).encode())
+    test_tgt = write(tmp_path / "test.en.gz", "".join(f"T {i} c\n" for i in range(10)).encode())
+    return {"train": [str(train_src), str(train_tgt)], "valid": str(valid), "test": [str(test_src), str(test_tgt)]}
+
+
+def test_files_windows_add_one_set_per_k_for_valid_and_test(line_files):
+    plain = load_files(**line_files)
+    corpus = load_files(**line_files, window=3)
+    assert corpus.window == 3 and plain.window == 1
+    assert set(corpus.splits) == {"train", "valid", "test"} | {
+        f"{s}_k{k}" for s in ("valid", "test") for k in (1, 2, 3)
+    }
+    for name in ("train", "valid", "test"):
+        assert corpus.splits[name] == plain.splits[name]
+    assert corpus.splits["test_k1"] == corpus.splits["test"]
+    for name in ("valid", "test"):
+        assert_window_sets(corpus.splits, name, 3)
+    assert corpus.splits["test_k3"][0] == ("t 0 a b t 1 a b t 2 a b", "T 0 c T 1 c T 2 c")
+    assert corpus.splits["test_k3"][-1] == ("t 9 a b", "T 9 c")  # the last window holds the rest
+
+
+def test_files_window_test_may_exceed_the_training_window(line_files):
+    corpus = load_files(**line_files, window=2, window_test=5)
+    assert corpus.window == 2
+    assert set(corpus.splits) == {"train", "valid", "test"} | {
+        f"{s}_k{k}" for s in ("valid", "test") for k in range(1, 6)
+    }
+    for name in ("valid", "test"):
+        assert_window_sets(corpus.splits, name, 5)
+
+
+def test_files_hash_split_sets_get_windows_too(tmp_path):
+    path = write(tmp_path / "c.tsv", "".join(f"s{i} x\tt{i} y\n" for i in range(200)).encode())
+    corpus = load_files(str(path), valid_percent=20, test_percent=20, window=2)
+    assert not any(name.startswith("train_k") for name in corpus.splits)
+    for name in ("valid", "test"):
+        assert_window_sets(corpus.splits, name, 2)
+
+
+@pytest.fixture(scope="module")
+def multi30k_windows():
+    if not MULTI30K.is_dir():
+        pytest.skip(f"{MULTI30K} not present")
+    return load_multi30k(str(MULTI30K), window=4, window_test=5)
+
+
+def test_multi30k_windows_add_one_set_per_k_for_valid_and_every_test_set(multi30k_windows):
+    corpus = multi30k_windows
+    held_out = ["valid", "test", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr"]
+    assert corpus.window == 4 and corpus.chapters == {}
+    assert set(corpus.splits) == {"train", *held_out} | {f"{s}_k{k}" for s in held_out for k in range(1, 6)}
+    assert len(corpus.splits["train"]) == 29_000 and len(corpus.splits["test_2017_mscoco"]) == 461
+    for name in held_out:
+        assert_window_sets(corpus.splits, name, 5)
+
+
+@needs_multi30k
+def test_multi30k_single_captions_add_no_window_sets():
+    corpus = load_multi30k(str(MULTI30K), window_test=1)
+    assert corpus.window == 1 and not any("_k" in name for name in corpus.splits)

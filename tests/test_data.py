@@ -9,6 +9,7 @@ import torch
 
 from nmt.choices import Bucketing
 from nmt.corpora import Corpus, load_synthetic
+from nmt.corpora.windows import add_window_splits
 from nmt.data import EncodedSplit, TokenBatchSampler, TokenizerSettings, collate, padding_overhead, prepare
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
@@ -230,3 +231,95 @@ def test_without_windows_every_epoch_trains_on_the_encoded_pairs(tmp_path):
     corpus = load_synthetic(seed=4, train_size=50, valid_size=5, test_size=5, vocab_words=10)
     data = prepare(corpus, TokenizerSettings(vocab_size=40), 100, tmp_path, progress=False)
     assert data.train_split(0, 1) is data.train_split(3, 1) is data.encoded["train"]
+
+
+# --------------------------------------------------------------------------------------------- caption windows
+@pytest.fixture(scope="module")
+def caption_windows(tmp_path_factory):
+    """A synthetic corpus without chapters (as captions or the user's files), with windows of up to 3 pairs
+    and the k-sets of valid and test. Each training source ends in its index, so a window names its pairs."""
+    corpus = load_synthetic(
+        seed=4,
+        train_size=300,
+        valid_size=20,
+        test_size=20,
+        min_len=2,
+        max_len=6,
+        test_min_len=2,
+        test_max_len=6,
+        vocab_words=30,
+    )
+    corpus.splits["train"] = [(f"{s} {i}", t) for i, (s, t) in enumerate(corpus.splits["train"])]
+    corpus.splits = add_window_splits(corpus.splits, {}, 3)
+    corpus.window = 3
+    assert corpus.chapters == {}
+    return prepare(corpus, TokenizerSettings(vocab_size=70), 100, tmp_path_factory.mktemp("captions"), progress=False)
+
+
+def _window_pairs(data, split: EncodedSplit) -> list[list[int]]:
+    """The training pairs (indices into data.pairs("train")) in each window of `split`, read off the index
+    that ends every training source."""
+    out = []
+    for i in range(len(split)):
+        text = data.tokenizer.src.decode(split.source(i).tolist()[:-1])
+        out.append([int(w) for w in text.split() if w.isdigit()])
+    return out
+
+
+def test_caption_windows_cover_every_pair_once_per_epoch_in_a_fresh_shuffle(caption_windows):
+    data = caption_windows
+    texts = data.pairs("train")
+    n = len(texts)
+    assert len(data.encoded["train"]) == n == 300
+    orders = []
+    for epoch in range(3):
+        split = data.train_split(epoch, seed=5)
+        groups = _window_pairs(data, split)
+        order = [i for g in groups for i in g]
+        assert sorted(order) == list(range(n))  # every training pair exactly once
+        assert all(1 <= len(g) <= 3 for g in groups)
+        assert {len(g) for g in groups} == {1, 2, 3}  # sizes are drawn from 1..K
+        assert n / 3 <= len(split) < n
+        assert order != sorted(order)  # consecutive in a shuffle, not in file order
+        for i, g in enumerate(groups):  # a window's ids are those of its pairs' text joined with a space
+            src, tgt = " ".join(texts[j][0] for j in g), " ".join(texts[j][1] for j in g)
+            assert split.source(i).tolist() == data.tokenizer.encode_src([src])[0]
+            assert split.target(i).tolist() == data.tokenizer.encode_tgt([tgt])[0]
+        orders.append((order, [len(g) for g in groups]))
+    assert orders[0] != orders[1] != orders[2] != orders[0]  # drawn anew each epoch
+
+
+def test_caption_windows_are_the_same_for_the_same_epoch_and_seed(caption_windows):
+    data = caption_windows
+    a, b = data.train_split(2, seed=7), data.train_split(2, seed=7)
+    assert a is not b and a.src.tolist() == b.src.tolist() and a.tgt.tolist() == b.tgt.tolist()
+    assert a.src_lengths.tolist() == b.src_lengths.tolist()
+    assert _window_pairs(data, a) != _window_pairs(data, data.train_split(2, seed=8))
+    assert data.encoded["train"] is not a and len(data.encoded["train"]) == 300  # the encoded pairs stay as they were
+
+
+def test_over_length_counts_evaluation_pairs_and_never_train(caption_windows):
+    data = caption_windows
+    held_out = [split for split in data.encoded if split != "train"]
+    assert len(held_out) == 8  # valid, test and their k-sets
+    longest_train = int(torch.maximum(data.encoded["train"].src_lengths, data.encoded["train"].tgt_lengths).max())
+    for max_length in (0, 3, 5, 8, 12, longest_train - 1):
+        expected = {}
+        for split in held_out:
+            pairs = data.corpus.splits[split]
+            src, tgt = (
+                data.tokenizer.encode_src([s for s, _ in pairs]),
+                data.tokenizer.encode_tgt([t for _, t in pairs]),
+            )
+            expected[split] = sum(len(s) > max_length or len(t) > max_length for s, t in zip(src, tgt, strict=True))
+        counts = data.over_length(max_length)
+        assert "train" not in counts  # train has longer pairs at every one of these lengths
+        assert set(counts) <= set(held_out)
+        assert {k: v for k, v in expected.items() if v} == {k: v for k, v in counts.items() if v}, max_length
+    assert data.over_length(0) == {split: len(data.corpus.splits[split]) for split in held_out}  # EOS counts
+    assert not any(data.over_length(10_000).values())
+    # a window is longer than each of its pairs: at the longest single test pair, only windows are over
+    single = data.encoded["test_k1"]
+    longest_test = int(torch.maximum(single.src_lengths, single.tgt_lengths).max())
+    counts = data.over_length(longest_test)
+    assert counts.get("test_k1", 0) == counts.get("test", 0) == 0 and counts["test_k3"] > 0

@@ -1,15 +1,21 @@
-"""Tests for the bottleneck study: the presets' sweeps, bucket edges, config differences, seed grouping,
-decoder labels, refusing the selection split, and `nmt-study` end to end on a tiny multirun (2 attention
-types x 2 seeds, trained once per module), with and without verse windows (test_k1..test_k3).
-The statistics alone (BLEU from statistics, bootstraps, paired tests) are in tests/test_study_stats.py.
+"""Tests for the bottleneck study (nmt.study): the presets' sweeps, decoder labels, what runs may differ in,
+refused splits and inputs, corrupt records, seeds paired by their recorded seed, the package's imports, and
+`nmt-study` end to end on a tiny sweep (attention=none,bahdanau x seed=1,2 on two small line-aligned files with
+caption windows k = 1..3, trained once per module): its records and numbers checked against sacrebleu, and the
+study rebuilt from its records alone equal to the original, file for file.
+The statistics alone (bootstrap by hand, paired tests, Holm, p-values) are in tests/test_study_stats.py.
 
     python -m pytest -q tests/test_study.py
 """
 
 from __future__ import annotations
 
+import ast
+import gzip
+import hashlib
 import json
 import math
+import random
 import shutil
 import subprocess
 import sys
@@ -17,54 +23,69 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import sacrebleu
 
-from nmt.corpora import Corpus, verse_windows
-from nmt.errors import ConfigError
-from nmt.metrics import bucket_labels
-from nmt.study import (
-    CANDIDATE_EDGES,
-    StudySettings,
-    add_intervals,
-    bucket_counts,
-    check_splits,
-    choose_edges,
-    long_sentence,
-    run_study,
-)
-from nmt.study_report import table_markdown
-from nmt.study_runs import Run, config_notes, decoder_label, find_runs, group_runs
+from nmt.corpora.windows import window_sizes
+from nmt.errors import ConfigError, DataError
+from nmt.study.build import CANDIDATE_EDGES, StudySettings, check_records, check_split, choose_edges, summarise
+from nmt.study.configs import check_comparable, decoder_label, differing_keys
+from nmt.study.records import FORMAT, VERSION, StudyRun, read_record, references_sha256, write_record
+from nmt.study.runs import find_inputs
 
 BIN = Path(sys.executable).parent
+STUDY_DIR = Path(__file__).parents[1] / "nmt" / "study"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURES = ("bleu_by_window.png", "bleu_by_length.png", "learning_curves.png", "attention_long.png")
+B = 1000  # nmt-study's default resamples, the fewest it accepts
 TINY = [
-    "trainer.max_steps=20",
-    "trainer.valid_every=10",
-    "data.train_size=300",
-    "data.valid_size=40",
-    "data.test_size=60",
+    "data.window=2",
+    "data.window_test=3",
+    "tokenizer.vocab_size=30",
     "model.embed_size=16",
     "model.encoder_hidden_size=16",
     "model.hidden_size=32",
+    "optim.lr=0.02",
+    "trainer.max_steps=40",
+    "trainer.valid_every=20",
+    "trainer.batch_tokens=400",
     "trainer.progress=false",
     "trainer.heatmaps=0",
     "trainer.threads=1",
 ]
-FIGURES = ("bleu_by_length.png", "learning_curves.png", "attention_long_sentence.png")
-NONE, LUONG = "none (Luong order: context after each step)", "luong (Luong order)"  # fake_run's labels
+GERMAN = "ein zwei drei vier fuenf sechs sieben acht".split()
+WORDS = dict(zip(GERMAN, "one two three four five six seven eight".split(), strict=True))
 
 
 # ------------------------------------------------------------------------------------------- fixtures
+def _write_pairs(root: Path, name: str, n: int, rng: random.Random) -> list[str]:
+    """n line-aligned pairs, root/<name>.de and root/<name>.en (a word-for-word toy language); the targets."""
+    src, tgt = [], []
+    for _ in range(n):
+        words = [rng.choice(list(WORDS)) for _ in range(rng.randint(3, 7))]
+        src.append(" ".join(words))
+        tgt.append(" ".join(WORDS[w] for w in words))
+    (root / f"{name}.de").write_text("\n".join(src) + "\n", encoding="utf-8")
+    (root / f"{name}.en").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    return tgt
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """`experiment=bottleneck_synthetic` shrunk to seconds, swept over attention=none,luong x seed=1,2."""
+    """`nmt-train -m data=files attention=none,bahdanau seed=1,2` on tiny files (test: 24 captions, so 12
+    windows of k=2 and 8 of k=3; trained on windows of up to 2), a tiny model, 40 steps: seconds."""
     root = tmp_path_factory.mktemp("study")
+    rng = random.Random(0)
+    for name, n in (("train", 300), ("valid", 20), ("test", 24)):
+        _write_pairs(root, name, n, rng)
+    files = {name: f"data.{name}=['{root / name}.de','{root / name}.en']" for name in ("train", "valid", "test")}
     cmd = [
         sys.executable,
         "-m",
         "nmt.cli.train",
         "-m",
-        "experiment=bottleneck_synthetic",
-        "attention=none,luong",
+        "data=files",
+        *files.values(),
+        "attention=none,bahdanau",
         "seed=1,2",
         *TINY,
         f"paths.data_dir={root / 'data'}",
@@ -75,54 +96,127 @@ def sweep(tmp_path_factory) -> Path:
     return root / "sweep"
 
 
-@pytest.fixture(scope="module")
-def study(sweep) -> tuple[subprocess.CompletedProcess, dict]:
-    cmd = [
-        str(BIN / "nmt-study"),
-        str(sweep),
-        "--min-bucket",
-        "10",
-        "--bootstrap",
-        "200",
-        "--heatmaps",
-        "1",
-        "--threads",
-        "1",
-        "--device",
-        "cpu",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+STUDY_ARGS = ["--buckets", "0,10,20", "--threads", "1", "--device", "cpu"]
+
+
+def _nmt_study(*args: str | Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [str(BIN / "nmt-study"), *map(str, args), *STUDY_ARGS], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return proc, json.loads((sweep / "study.json").read_text())
+    return proc
 
 
-def fake_run(name: str, attention: str, seed: int, query: str = "current", **trainer) -> Run:
+@pytest.fixture(scope="module")
+def study(sweep) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    """nmt-study on the sweep directory, --output A: (the process, study.json, A)."""
+    out = sweep.parent / "A"
+    proc = _nmt_study(sweep, "--output", out)
+    return proc, json.loads((out / "study.json").read_text()), out
+
+
+@pytest.fixture(scope="module")
+def rebuilt(sweep, study) -> Path:
+    """nmt-study on A/records alone, --output B, with the sweep's run directories moved out of reach."""
+    _, _, a = study
+    away = sweep.parent / "sweep_moved_away"
+    sweep.rename(away)
+    try:
+        _nmt_study(a / "records", "--output", sweep.parent / "B")
+    finally:
+        away.rename(sweep)
+    return sweep.parent / "B"
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return {p.name.removesuffix(".json.gz"): read_record(p) for p in sorted((out / "records").glob("*.json.gz"))}
+
+
+# ----------------------------------------------------------------------------------------- fake records
+REFERENCES = [
+    "a man in a blue shirt is standing on a ladder",
+    "two dogs play with a red ball in the snow",
+    "a girl is reading a book under a large tree",
+    "people walk along the beach at sunset",
+    "a cyclist rides down a steep mountain road",
+    "three children sit on a bench eating ice cream",
+    "a woman sells fruit at a busy street market",
+    "an old man plays the guitar on the corner",
+]
+
+
+def _hypotheses(references: list[str], keep: float, variant: int) -> list[str]:
+    rng = random.Random(variant)
+    return [" ".join(w for w in ref.split() if rng.random() < keep) or "a" for ref in references]
+
+
+def fake_record(name: str, attention: str, seed: int, variant: int, keep: float = 0.7, **trainer) -> dict:
+    """A record as nmt.study.records writes one, of 8 captions and their windows of k = 1, 2."""
+    hyps = _hypotheses(REFERENCES, keep, variant)
+    sets = {}
+    for k in (1, 2):
+        sizes = window_sizes([0] * len(REFERENCES), k)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        refs = [" ".join(REFERENCES[s : s + n]) for s, n in zip(starts, sizes, strict=True)]
+        sets[f"test_k{k}"] = {
+            "k": k,
+            "sizes": sizes,
+            "hypotheses": [" ".join(hyps[s : s + n]) for s, n in zip(starts, sizes, strict=True)],
+            "references": refs,
+            "references_sha256": references_sha256(refs),
+            "source_words": [len(r.split()) for r in refs],
+            "bleu": 0.0,
+            "chrf": 0.0,
+            "ter": 0.0,
+        }
     config = {
         "seed": seed,
         "device": "cpu",
-        "paths": {"data_dir": name},
-        "data": {"name": "synthetic"},
-        "attention": {"name": attention, "query": query},
-        "trainer": {"max_steps": 100, **trainer},
+        "paths": {"data_dir": f"data/{name}"},
+        "data": {"name": "files", "window": 2},
+        "attention": {"name": attention, "query": "previous"},
+        "model": {"input_feeding": False},
+        "trainer": {"max_epochs": 9, "threads": 1, **trainer},
     }
-    return Run(Path(name), config, [], 100, 1, 1.0, True)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "config": config,
+        "provenance": {"commit": "abc", "cpu_model": "cpu", "torch": "2"},
+        "corpus": "files",
+        "split": "test",
+        "units": None,
+        "overlap": {"pairs": 8, "source": 0, "target": 0, "both": 0},
+        "train_minutes": 1.0,
+        "steps": 10,
+        "epochs": 1,
+        "finished": True,
+        "best": {"metric": "bleu", "value": 1.0, "step": 10},
+        "learning_curve": {},
+        "parameters": 100,
+        "decoding": {"beam_size": 1},
+        "signatures": {},
+        "sets": sets,
+        "long": {"set": "test_k1", "index": 0, "source": "x", "reference": "y", "text": "y", "attention": None},
+        "recorded_by": {"cpu_model": "cpu", "torch": "2"},
+    }
 
 
 # --------------------------------------------------------------------------------------------- presets
-def sweep_size(experiment: str) -> tuple[dict, int]:
-    """The composed preset's sweeper params and the number of jobs they make."""
-    from hydra import compose, initialize_config_dir
+def sweep_size(experiment: str) -> tuple[dict, int, dict]:
+    """The composed preset's sweeper params, the number of jobs they make, and its data section."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    from nmt.cli.common import CONFIG_DIR
+    from nmt.cli.common import compose_config
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    cfg = compose_config([f"experiment={experiment}"], hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
     overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    return params, math.prod(len(list(o.sweep_iterator())) if o.is_sweep_override() else 1 for o in overrides)
+    jobs = math.prod(len(list(o.sweep_iterator())) if o.is_sweep_override() else 1 for o in overrides)
+    return params, jobs, OmegaConf.to_container(cfg.data)
 
 
 BOTTLENECK = sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "experiment").glob("bottleneck*.yaml"))
@@ -131,44 +225,14 @@ BOTTLENECK = sorted(p.stem for p in (Path(__file__).parents[1] / "configs" / "ex
 @pytest.mark.parametrize("experiment", BOTTLENECK)
 def test_bottleneck_presets_sweep_the_three_attentions(experiment):
     """Every bottleneck preset sweeps the three attentions (and at most the seed besides)."""
-    params, jobs = sweep_size(experiment)
+    params, jobs, data = sweep_size(experiment)
     seeds = str(params.get("seed", "0")).split(",")
     assert params["attention"] == "none,bahdanau,luong" and set(params) <= {"attention", "seed"}
     assert jobs == 3 * len(seeds)
-
-
-# --------------------------------------------------------------------------------------------- buckets
-def test_bucket_edges_are_inclusive_below_and_exclusive_above():
-    pairs = [(" ".join(["w"] * n), "x") for n in (1, 9, 10, 19, 20, 99)]
-    rows = [{"bucket": b} for b in bucket_labels([0, 10, 20])]
-    add_intervals(rows, pairs, ["x"] * len(pairs), [0, 10, 20], samples=0)
-    assert bucket_counts([1, 9, 10, 19, 20, 99], [0, 10, 20]) == [2, 2, 2]
-    assert bucket_counts([14, 15, 24, 25, 34, 35], [0, 15, 25, 35]) == [1, 2, 2, 1]
-    assert all(r["low"] is None and r["high"] is None for r in rows)  # no resamples, no interval
-
-
-def test_automatic_edges_are_the_finest_with_enough_sentences():
-    uniform = [n for n in range(3, 41) for _ in range(16)]  # like the synthetic test split: 3-40 words
-    assert choose_edges(uniform, 80) == ([0, 10, 20, 30], True)  # 40+ holds only 16: the 5-bucket sets fail
-    bible_like = [5] * 40 + [12] * 200 + [22] * 300 + [32] * 200 + [45] * 90
-    assert choose_edges(bible_like, 80) == ([0, 15, 25, 35], True)  # 40 under 10 words rules out 0,10,...
-    assert choose_edges(bible_like, 30)[0] == CANDIDATE_EDGES[0][:5]  # [0,10,20,30,40]: 50+ is empty
-    few = [5] * 10 + [25] * 10 + [35] * 10  # nothing qualifies: the set whose smallest bucket is largest
-    assert choose_edges(few, 80) == ([0, 20, 30], False) and bucket_counts(few, [0, 20, 30]) == [10, 10, 10]
-
-
-def test_long_sentence_is_the_longest_within_the_limit():
-    pairs = [(" ".join(["w"] * n), "x") for n in (12, 45, 40, 40, 3)]
-    assert long_sentence(pairs, 40) == 2
-    assert long_sentence(pairs[:2], 10) == 0  # none within the limit: the shortest above it
-
-
-def test_splits_that_chose_best_pt_are_refused():
-    for splits in (["valid"], ["valid", "test"], ["valid_k2"], ["test", "valid_k10"]):
-        with pytest.raises(ConfigError, match="chose each run's best.pt.*use --split test"):
-            check_splits(splits)
-    assert check_splits(["test"]) == ["test"] and check_splits(["test_k2"]) == ["test_k2"]
-    assert check_splits(["test", "validation_extra"]) == ["test", "validation_extra"]  # only valid, valid_k<k>
+    if experiment == "bottleneck":  # the headline study: Multi30k caption windows, k=5 never trained on
+        assert (data["name"], data["window"], data["window_test"], len(seeds)) == ("multi30k", 4, 5, 3)
+    if experiment == "bottleneck_bible":
+        assert (data["name"], data["window"], len(seeds)) == ("bible", 4, 3)
 
 
 # ------------------------------------------------------------------------------------ config differences
@@ -188,200 +252,370 @@ def test_decoder_label_names_the_decoder_from_the_stored_config(attention, query
     assert decoder_label(config) == label
 
 
-def test_runs_differing_only_by_seed_are_one_group():
-    runs = [
-        fake_run("a", "none", 1),
-        fake_run("b", "none", 2, threads=1),
-        fake_run("c", "luong", 1),
-        fake_run("d", "luong", 2),
-    ]
-    groups = group_runs(runs)
-    assert [(label, [r.path.name for r in members]) for label, members in groups] == [
-        (NONE, ["a", "b"]),
-        (LUONG, ["c", "d"]),
-    ]  # trainer.threads and paths.* do not matter
-    diff, notes = config_notes(groups)
-    assert diff == {} and notes == ["The runs differ only in the attention and the seed."]
+def test_runs_may_differ_only_in_the_attention_the_seed_and_ignored_keys():
+    a, b = fake_record("a", "none", 1, 1)["config"], fake_record("b", "luong", 2, 2)["config"]
+    b["trainer"]["threads"], b["device"], b["trainer"]["progress"] = 4, "cuda", True  # none of these matter
+    check_comparable([a, b], ["a", "b"])
+    assert differing_keys([a, b]) == ["attention.name", "seed"]
+    c = fake_record("c", "luong", 3, 3, max_epochs=10)["config"]
+    with pytest.raises(DataError, match=r"differ in trainer\.max_epochs: a has 9, c has 10"):
+        check_comparable([a, b, c], ["a", "b", "c"])
 
 
-def test_runs_trained_differently_are_flagged_with_the_keys():
-    runs = [fake_run("a", "none", 1, max_steps=50), fake_run("b", "luong", 7), fake_run("c", "luong", 7, lr=1)]
-    groups = group_runs(runs)
-    assert [label for label, _ in groups] == [NONE, f"{LUONG} (trainer.lr=None)", f"{LUONG} (trainer.lr=1)"]
-    diff, notes = config_notes(groups)
-    assert set(diff) == {"trainer.lr", "trainer.max_steps"}
-    assert diff["trainer.max_steps"][NONE] == 50
-    assert "differ in more than the attention" in notes[0] and "`trainer.max_steps`" in notes[0]
-    assert "Seeds differ" in notes[1]
+def test_automatic_edges_are_the_finest_with_enough_items():
+    uniform = [n for n in range(3, 41) for _ in range(16)]  # 3-40 words, 16 items each
+    assert choose_edges(uniform, 80) == ([0, 10, 20, 30], True)  # 40+ holds only 16: the 5-bucket sets fail
+    bible_like = [5] * 40 + [12] * 200 + [22] * 300 + [32] * 200 + [45] * 90
+    assert choose_edges(bible_like, 80) == ([0, 15, 25, 35], True)  # 40 under 10 words rules out 0,10,...
+    assert choose_edges(bible_like, 30)[0] == CANDIDATE_EDGES[0][:5]  # [0,10,20,30,40]: 50+ is empty
+    few = [5] * 10 + [25] * 10 + [35] * 10  # nothing qualifies: the set whose smallest bucket is largest
+    assert choose_edges(few, 80) == ([0, 20, 30], False)
 
 
-def test_the_same_attention_in_two_orders_gets_two_labels_without_keys():
-    groups = group_runs([fake_run("a", "bahdanau", 1, "previous"), fake_run("b", "bahdanau", 1, "current")])
-    assert [label for label, _ in groups] == ["bahdanau (RNNsearch order)", "bahdanau (Luong order)"]
+# ------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize(
+    "split, message",
+    [
+        ("train", "the runs trained on it"),
+        ("train_k2", "the runs trained on it"),
+        ("valid", "valid chose each run's best.pt"),
+        ("valid_k2", "valid chose each run's best.pt"),
+        ("test+test", "a split is given twice"),
+        ("valid+test", "give one held-out split"),
+    ],
+)
+def test_splits_that_trained_or_chose_the_runs_are_refused(split, message):
+    with pytest.raises(ConfigError, match=message):
+        check_split(split)
 
 
-# ------------------------------------------------------------------------------------------ nmt-study
-def test_study_writes_table_figures_and_json(sweep, study):
-    from nmt.checkpoint import load_checkpoint
-
-    proc, summary = study
-    for name in (*FIGURES, "study.md", "study.json"):
-        assert (sweep / name).is_file(), name
-    for name in FIGURES:
-        assert (sweep / name).read_bytes()[:8] == PNG_SIGNATURE
-        assert matplotlib.image.imread(sweep / name).shape[2] in (3, 4)
-    md, table = (sweep / "study.md").read_text(), table_markdown(summary)
-    assert table in md and table in proc.stdout and "(bleu_by_length.png)" in md
-    first_bucket = summary["groups"][0]["by_length"][0]
-    assert f"| {first_bucket['bucket']} words (n={first_bucket['n']}) |" in table
-    none, luong = labels = [g["label"] for g in summary["groups"]]  # named by the decoders they are
-    configs = [load_checkpoint(Path(g["runs"][0]) / "checkpoints" / "best.pt")["config"] for g in summary["groups"]]
-    assert labels == [decoder_label(c) for c in configs] and none.startswith("none (") and luong.startswith("luong ")
-    assert f"| {none} | 2 |" in table and f"| {luong} | 2 |" in table  # a row per decoder, two seeds each
-    assert "## Paired tests against none" in md and "What was tested: paired bootstrap" in md
-    assert "Paired tests against none" in proc.stdout and "bleu_by_window" not in md  # no windows here
-    for run in summary["runs"]:  # nmt-evaluate's files, and a learning curve from the validation history
-        for key in ("hyp", "json", "md", "bleu_by_length"):
-            assert Path(run["files"][key]).is_file()
-        assert len(run["learning_curve"]["shortest"]["points"]) == 2  # validations at steps 10 and 20
-    assert set(summary["long_sentence"]["outputs"]) == set(labels)
+def test_held_out_splits_are_accepted():
+    assert check_split("test") == "test" and check_split("test_2017_flickr") == "test_2017_flickr"
+    assert check_split("validation_extra") == "validation_extra"  # only valid and valid_k<k> chose best.pt
 
 
-def test_study_numbers_agree_with_nmt_evaluation(sweep, study):
-    from nmt.checkpoint import load_checkpoint
-    from nmt.evaluation import evaluate
-    from nmt.translator import Translator
-
-    _, summary = study
-    edges = summary["buckets"]["edges"]
-    assert sum(summary["buckets"]["counts"]) == summary["sentences"] == 60
-    for run in summary["runs"]:
-        by_eval = json.loads(Path(run["files"]["json"]).read_text())
-        assert run["bleu"] == by_eval["bleu"] and run["chrf"] == by_eval["chrf"]
-        assert [r["bleu"] for r in run["by_length"]] == [r["bleu"] for r in by_eval["by_length"]]
-        assert sum(r["n"] for r in run["by_length"]) == run["sentences"] == 60
-        for r in run["by_length"]:
-            assert r["low"] <= r["bleu"] <= r["high"]
-    first = summary["runs"][0]  # evaluated again here, with nmt.evaluation directly
-    best = Path(first["path"]) / "checkpoints" / "best.pt"
-    pairs = _load_corpus(load_checkpoint(best)["config"]).splits["test"]
-    direct = evaluate(Translator.from_checkpoint(best), pairs, edges, heatmaps=0)
-    assert direct["bleu"] == first["bleu"] and direct["by_length"][0]["n"] == first["by_length"][0]["n"]
-    for group in summary["groups"]:  # a group's numbers are its seeds' means, inside their intervals
-        runs = [r for r in summary["runs"] if r["path"] in group["runs"]]
-        assert group["seeds"] == [1, 2] and len(runs) == 2
-        assert group["bleu"] == pytest.approx(sum(r["bleu"] for r in runs) / 2, abs=0.006)
-        assert group["low"] <= group["bleu"] <= group["high"]
-        for k, row in enumerate(group["by_length"]):
-            assert row["seed_bleu"] == [r["by_length"][k]["bleu"] for r in runs]
-            assert row["low"] <= row["bleu"] <= row["high"]
-    none, luong = summary["groups"]  # luong is tested against none, seed by seed, in every cell
-    pairs = {luong["label"]: {"baseline": none["label"], "seeds": [[1, 1], [2, 2]]}}
-    assert none["test"] is None and summary["tests"]["pairs"] == pairs
-    for cell in (luong["test"], *(r["test"] for r in luong["by_length"])):
-        assert len(cell["p"]) == 2 and cell["p_max"] == max(cell["p"]) and 0 < cell["p_max"] <= 1
+def test_records_that_may_not_be_combined_are_refused():
+    a, b = fake_record("a", "none", 1, 1), fake_record("b", "bahdanau", 1, 2)
+    check_records([a, b])
+    with pytest.raises(DataError, match="run a is given twice"):
+        check_records([a, b, fake_record("a", "none", 1, 1)])
+    with pytest.raises(DataError, match="runs a and c are the same model with the same seed"):
+        check_records([a, b, fake_record("c", "none", 1, 3)])
+    with pytest.raises(DataError, match=r"trainer\.max_epochs: a has 9, d has 10"):
+        check_records([a, b, fake_record("d", "bahdanau", 2, 4, max_epochs=10)])
+    other = fake_record("e", "bahdanau", 2, 5)
+    other["sets"]["test_k1"]["references"][0] = "a different caption"
+    other["sets"]["test_k1"]["references_sha256"] = references_sha256(other["sets"]["test_k1"]["references"])
+    with pytest.raises(DataError, match="records a and e have different references for test_k1"):
+        check_records([a, b, other])
+    beam = fake_record("f", "bahdanau", 2, 6)
+    beam["decoding"] = {"beam_size": 5}
+    with pytest.raises(DataError, match="decoded differently"):
+        check_records([a, beam])
 
 
-def test_study_of_run_directories_with_given_edges(sweep, study, tmp_path, one_thread):
-    """Explicit run directories, edges given, no bootstrap: the library directly; valid is refused."""
-    runs = _copy_runs(sweep, tmp_path, ["0_none_seed1", "2_luong_seed1"])
-    with pytest.raises(ConfigError, match="valid chose each run's best.pt"):
-        run_study(runs, _load_corpus, tmp_path / "out", StudySettings(splits=["valid", "test"]), progress=False)
-    summary = run_study(
-        runs,
-        _load_corpus,
-        tmp_path / "out",
-        StudySettings(splits=["test"], edges=[0, 10, 20], bootstrap=0, heatmaps=0),
-        progress=False,
-    )
-    assert summary["split"] == "test" and summary["sentences"] == 60 and summary["windows"] is None
-    assert [r["n"] for r in summary["groups"][0]["by_length"]] == summary["buckets"]["counts"]
-    assert sum(summary["buckets"]["counts"]) == 60 and summary["buckets"]["given"]
-    assert all(r["low"] is None for g in summary["groups"] for r in g["by_length"])
-    assert summary["tests"] is None and any("--bootstrap 0" in n for n in summary["notes"])
-    assert [g["seeds"] for g in summary["groups"]] == [[1], [1]]
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {*FIGURES, "study.md", "study.json"}
+def test_corrupt_record_files_are_data_errors_naming_the_file(tmp_path):
+    cases = {
+        "plain.json.gz": b'{"format": "nmt-study-record"}',  # not gzip'd
+        "text.json.gz": gzip.compress(b"this is not JSON"),
+        "list.json.gz": gzip.compress(b"[1, 2, 3]"),
+        "noformat.json.gz": gzip.compress(json.dumps({"name": "x", "sets": {}}).encode()),
+        "truncated.json.gz": gzip.compress(json.dumps(fake_record("x", "none", 1, 1)).encode())[:-30],
+        "empty.json.gz": b"",
+    }
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(DataError) as e:
+            read_record(tmp_path / name)
+        assert str(tmp_path / name) in str(e.value) and "nmt-study" in str(e.value), name
+    lacking = fake_record("x", "none", 1, 1)
+    del lacking["sets"]
+    write_record(lacking, tmp_path / "lacking.json.gz")
+    with pytest.raises(DataError, match="lacks sets"):
+        read_record(tmp_path / "lacking.json.gz")
 
 
-def _copy_runs(sweep: Path, tmp_path: Path, names: list[str]) -> list[Path]:
-    """Copies of the sweep's runs (without their eval/), so that a study here leaves the fixture's files be."""
-    for name in names:
-        shutil.copytree(sweep / name, tmp_path / "runs" / name, ignore=shutil.ignore_patterns("eval"))
-    return [tmp_path / "runs" / name for name in names]
+def test_a_record_round_trips_byte_for_byte(tmp_path):
+    record = fake_record("x", "none", 1, 1)
+    first = write_record(record, tmp_path / "a" / "x.json.gz").read_bytes()
+    again = write_record(read_record(tmp_path / "a" / "x.json.gz"), tmp_path / "b" / "x.json.gz").read_bytes()
+    assert first == again and read_record(tmp_path / "b" / "x.json.gz") == record
 
 
-def _load_corpus(config: dict) -> Corpus:
-    from nmt.corpora import load_synthetic
+def _main_error(args: list, capsys) -> str:
+    from nmt.cli.study import main
 
-    return load_synthetic(**{k: v for k, v in config["data"].items() if k not in ("name", "max_length")})
-
-
-def _load_windowed(config: dict) -> Corpus:
-    """The synthetic corpus with verse windows faked: the test pairs as "chapters" of 10 consecutive
-    pairs, cut into windows of k = 1..3 (a chapter's last window holds one pair), as data.window=3 would."""
-    corpus = _load_corpus(config)
-    test = corpus.splits["test"]
-    chapters = [i // 10 for i in range(len(test))]
-    corpus.splits.update({f"test_k{k}": verse_windows(test, chapters, k) for k in (1, 2, 3)})
-    return corpus
-
-
-def test_verse_windows_are_detected_and_reported_per_k(sweep, study, tmp_path, one_thread):
-    out = tmp_path / "out"
-    _copy_runs(sweep, tmp_path, sorted(p.name for p in sweep.iterdir() if (p / "checkpoints").is_dir()))
-    # a cap of 3 source pieces (the Translator's option) would cut every input: the study raises it
-    settings = StudySettings(min_bucket=10, bootstrap=200, heatmaps=0, decoding={"max_src_pieces": 3})
-    summary = run_study([tmp_path / "runs"], _load_windowed, out, settings, progress=False)
-    assert summary["decoding"]["max_src_pieces"] > 3  # evaluation raises it to the longest source: none is cut
-    windows = summary["windows"]
-    assert windows["splits"] == ["test_k1", "test_k2", "test_k3"] and windows["n"] == [60, 30, 24]
-    assert windows["source_words"][0] < windows["source_words"][1] < windows["source_words"][2]
-    none, luong = summary["groups"]
-    for group in (none, luong):
-        rows = group["by_window"]
-        assert [r["k"] for r in rows] == [1, 2, 3] and [r["n"] for r in rows] == windows["n"]
-        assert rows[0]["bleu"] == group["bleu"]  # k=1: the single test sentences themselves
-        for r in rows:
-            assert r["low"] <= r["bleu"] <= r["high"] and len(r["seed_bleu"]) == 2
-        assert group["window_ratio"] == pytest.approx(rows[-1]["bleu"] / rows[0]["bleu"], abs=1e-3)
-    assert all(r["test"] is None for r in none["by_window"])
-    for r in luong["by_window"]:
-        assert len(r["test"]["p"]) == 2 and 0 < r["test"]["p_max"] <= 1
-    for run in summary["runs"]:  # every k evaluated (k=1 reuses the test split's translations)
-        assert set(run["windows"]) == set(windows["splits"])
-        assert Path(run["windows"]["test_k3"]["files"]["json"]).name == "test_k3.json"
-    md = (out / "study.md").read_text()
-    assert "## The same verses, k at a time" in md and "(bleu_by_window.png)" in md and "| k=3 |" in md
-    assert "BLEU k=3 / k=1" in md
-    assert (out / "bleu_by_window.png").read_bytes()[:8] == PNG_SIGNATURE
-    assert json.loads((out / "study.json").read_text())["windows"] == windows
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip() and "evaluating runs" not in x]  # no bar
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["{empty}"], "no runs"),
-        (["{empty}/missing"], "no such directory"),
-        (["{sweep}", "--buckets", "0,x"], "--buckets"),
-        (["{sweep}", "--buckets", "10,5"], "strictly increasing"),
-        (["{sweep}", "--split", "nosuch"], "not a split"),
-        (["{sweep}", "--split", "valid"], "valid chose each run's best.pt"),
-        (["{sweep}", "--split", "valid+test"], "use --split test"),
-        (["{sweep}", "--split", "valid_k2"], "valid_k2 holds valid's verses, and valid chose each run's best.pt"),
+        (["--split", "train"], "--split train: the runs trained on it"),
+        (["--split", "valid"], "valid chose each run's best.pt"),
+        (["--split", "valid_k2"], "--split valid_k2: valid chose each run's best.pt"),
+        (["--split", "test+test"], "a split is given twice"),
+        (["--bootstrap", "999"], "--bootstrap 999: use at least 1000 resamples"),
+        (["--buckets", "0,x"], "--buckets 0,x"),
+        (["--buckets", "10,5"], "strictly increasing"),
     ],
 )
-def test_user_errors_are_one_line(args, message, sweep, tmp_path, capsys):
-    from nmt.cli.study import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main([a.format(empty=tmp_path, sweep=sweep) for a in args] + ["--output", str(tmp_path / "out")])
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.startswith("error: ") and message in err
-    assert len(err.strip().splitlines()) == 1
+def test_refused_options_are_one_line_errors(args, message, tmp_path, capsys):
+    record = write_record(fake_record("a", "none", 1, 1), tmp_path / "a.json.gz")
+    assert message in _main_error([record, *args, "--output", tmp_path / "out"], capsys)
+    assert not (tmp_path / "out").exists()
 
 
-def test_find_runs_skips_unfinished_jobs(sweep, tmp_path):
-    (tmp_path / "5_bahdanau_seed1" / ".hydra").mkdir(parents=True)  # a job without a checkpoint yet
+def test_refused_records_are_one_line_errors(tmp_path, capsys):
+    a = write_record(fake_record("a", "none", 1, 1), tmp_path / "a.json.gz")
+    b = write_record(fake_record("b", "bahdanau", 1, 2), tmp_path / "b.json.gz")
+    out = ["--output", tmp_path / "out"]
+    longer = write_record(fake_record("c", "bahdanau", 2, 3, max_epochs=10), tmp_path / "c.json.gz")
+    err = _main_error([a, b, longer, *out], capsys)
+    assert "trainer.max_epochs" in err and "a has 9" in err and "c has 10" in err
+    other = fake_record("d", "bahdanau", 2, 4)
+    other["sets"]["test_k2"]["references"][-1] += " again"
+    other["sets"]["test_k2"]["references_sha256"] = references_sha256(other["sets"]["test_k2"]["references"])
+    err = _main_error([a, write_record(other, tmp_path / "d.json.gz"), *out], capsys)
+    assert "different references for test_k2 (sha256 " in err
+    copy = write_record(fake_record("a", "none", 1, 1), tmp_path / "copy" / "a.json.gz")
+    assert "run a is given twice" in _main_error([a, b, copy, *out], capsys)
+    same = write_record(fake_record("e", "bahdanau", 1, 5), tmp_path / "e.json.gz")
+    assert "runs b and e are the same model with the same seed (1)" in _main_error([a, b, same, *out], capsys)
+    (tmp_path / "broken.json.gz").write_bytes(b"not gzip")
+    assert str(tmp_path / "broken.json.gz") in _main_error([a, tmp_path / "broken.json.gz", *out], capsys)
+    assert "no such directory or record" in _main_error([tmp_path / "missing", *out], capsys)
+    (tmp_path / "empty").mkdir()
+    assert "no runs" in _main_error([tmp_path / "empty", *out], capsys)
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------- seed pairing
+def test_seeds_are_paired_by_the_recorded_seed_not_the_name():
+    """bahdanau's runs are named x (seed 2) and y (seed 1): x pairs with none's seed 2, y with seed 1."""
+    records = [
+        fake_record("a", "none", 1, 10),
+        fake_record("b", "none", 2, 20, keep=0.6),
+        fake_record("x", "bahdanau", 2, 21),
+        fake_record("y", "bahdanau", 1, 11, keep=0.9),
+    ]
+    check_records(records)
+    runs = sorted((StudyRun.of(r) for r in records), key=lambda r: r.name)
+    summary = summarise(runs, StudySettings(edges=[0, 10, 20]), [])
+
+    def bleu(name: str, k: int) -> float:
+        s = next(r for r in records if r["name"] == name)["sets"][f"test_k{k}"]
+        return sacrebleu.corpus_bleu(s["hypotheses"], [s["references"]]).score
+
+    assert summary["models"]["bahdanau"]["seed_list"] == [1, 2]
+    assert summary["models"]["bahdanau"]["runs"] == ["y", "x"] and summary["models"]["none"]["runs"] == ["a", "b"]
+    for k in (1, 2):
+        by_seed = [bleu("y", k) - bleu("a", k), bleu("x", k) - bleu("b", k)]
+        by_name = [bleu("x", k) - bleu("a", k), bleu("y", k) - bleu("b", k)]  # what pairing by name would give
+        assert [round(d, 2) for d in by_seed] != [round(d, 2) for d in by_name]
+        cell = summary["paired"]["bahdanau"][str(k)]
+        assert cell["deltas"] == pytest.approx(by_seed, abs=0.006)
+    ratios = [bleu(r, 2) / bleu(r, 1) for r in ("y", "a", "x", "b")]
+    assert summary["interaction"]["bahdanau"]["per_seed"] == pytest.approx(
+        [ratios[0] - ratios[1], ratios[2] - ratios[3]], abs=0.0006
+    )
+
+
+def test_a_seed_with_bleu_0_at_k1_gets_no_ratio_and_no_interaction():
+    records = [fake_record("a", "none", 1, 10), fake_record("b", "bahdanau", 1, 11)]
+    for s in records[0]["sets"].values():
+        s["hypotheses"] = ["zzz"] * len(s["hypotheses"])  # nothing matches: BLEU 0 at every k
+    notes: list[str] = []
+    summary = summarise([StudyRun.of(r) for r in records], StudySettings(edges=[0, 10, 20]), notes)
+    assert "ratio" not in summary["models"]["none"] and "ratio" in summary["models"]["bahdanau"]
+    assert summary["interaction"] == {} and any("none has BLEU 0 at k=1" in n for n in notes)
+    assert summary["paired"]["bahdanau"]["1"]["deltas"][0] > 0
+
+
+# ---------------------------------------------------------------------------------------------- imports
+def _study_imports() -> dict[str, set[str]]:
+    """Module -> the nmt.study modules it imports anywhere (top level or inside functions)."""
+    modules = {p.stem: p for p in STUDY_DIR.glob("*.py")}
+    name = lambda stem: "nmt.study" if stem == "__init__" else f"nmt.study.{stem}"  # noqa: E731
+    graph = {}
+    for stem, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from . import x, from .x import y
+                    base = "nmt.study" + (f".{base}" if base else "")
+                if base == "nmt.study":
+                    deps |= {name(a.name) if a.name in modules else "nmt.study" for a in node.names}
+                elif base.startswith("nmt.study."):
+                    deps.add(base)
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name == "nmt.study" or a.name.startswith("nmt.study.")}
+        graph[name(stem)] = deps - {name(stem)}
+    return graph
+
+
+def test_the_study_modules_import_no_cycle():
+    graph = _study_imports()
+    assert {"nmt.study.records", "nmt.study.stats"} <= graph["nmt.study.build"]  # the parse found imports
+    assert "nmt.study.stats" in graph["nmt.study.records"]
+    for module, deps in graph.items():  # importing a submodule runs the package first: it may not come back
+        if module != "nmt.study":
+            assert "nmt.study" not in deps, f"{module} imports the package nmt.study itself"
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        assert module not in path, "import cycle: " + " -> ".join([*path, module])
+        if module in done:
+            return
+        for dep in sorted(graph.get(module, ())):
+            visit(dep, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+# ------------------------------------------------------------------------------------------ nmt-study
+def test_study_writes_records_tables_and_figures(study):
+    from nmt.study.report import interaction_markdown, paired_markdown, windows_markdown
+
+    proc, summary, out = study
+    for name in (*FIGURES, "study.md", "study.json"):
+        assert (out / name).is_file(), name
+    for name in FIGURES:
+        assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
+        assert matplotlib.image.imread(out / name).shape[2] in (3, 4)
+    md = (out / "study.md").read_text()
+    for table in (windows_markdown(summary), interaction_markdown(summary), paired_markdown(summary)):
+        assert table and table in md and table in proc.stdout
+    assert "(bleu_by_window.png)" in md and "k=3 (untrained)" in md
+    assert sorted(p.name for p in (out / "records").iterdir()) == [
+        "0_none_seed1.json.gz",
+        "1_none_seed2.json.gz",
+        "2_bahdanau_seed1.json.gz",
+        "3_bahdanau_seed2.json.gz",
+    ]
+    assert summary["trained_k"] == 2 and [s["k"] for s in summary["sets"]] == [1, 2, 3]
+    assert [s["n"] for s in summary["sets"]] == [24, 12, 8] and summary["bootstrap"] == B
+    for att in ("none", "bahdanau"):
+        m = summary["models"][att]
+        assert set(m["bleu_by_k"]) == {"1", "2", "3"} and m["seeds"] == 2 and m["seed_list"] == [1, 2]
+        assert m["ratio_k"] == 2 and isinstance(m["ratio"], float) and math.isfinite(m["ratio"])
+        for row in m["by_k"]:
+            assert row["low"] <= row["bleu"] <= row["high"] and len(row["seed_bleu"]) == 2
+    x = summary["interaction"]["bahdanau"]
+    assert isinstance(x["difference"], float) and x["ci95"][0] <= x["ci95"][1] and x["k"] == 2
+    for k in ("1", "2", "3"):
+        cell = summary["paired"]["bahdanau"][k]
+        assert 0 < cell["p_holm"] <= 1 and cell["p_holm"] >= cell["p"] and isinstance(cell["seeds_agree"], bool)
+        assert cell["significant"] == (cell["seeds_agree"] and cell["p_holm"] < 0.05)
+    assert "none" not in summary["paired"]
+
+
+def test_records_are_self_describing_and_small(sweep, study):
+    _, _, out = study
+    tests = [line for line in (sweep.parent / "test.en").read_text().splitlines()]
+    sources = [line for line in (sweep.parent / "test.de").read_text().splitlines()]
+    for name, record in _records(out).items():
+        assert (out / "records" / f"{name}.json.gz").stat().st_size < 300_000
+        assert record["name"] == name and record["split"] == "test" and record["units"] is None
+        assert record["config"]["seed"] in (1, 2) and record["config"]["data"]["window"] == 2
+        assert isinstance(record["provenance"]["torch"], str) and "commit" in record["provenance"]
+        assert record["overlap"]["pairs"] == 24 and record["finished"] and record["steps"] == 40
+        assert sorted(record["sets"]) == ["test_k1", "test_k2", "test_k3"]
+        for k in (1, 2, 3):
+            s = record["sets"][f"test_k{k}"]
+            sizes = [k] * (24 // k)
+            assert s["k"] == k and s["sizes"] == sizes  # 24 captions: windows of exactly k
+            joined = [" ".join(tests[i : i + k]) for i in range(0, 24, k)]  # the same captions, k at a time
+            assert s["references"] == joined and len(s["hypotheses"]) == len(joined)
+            assert s["references_sha256"] == hashlib.sha256("\n".join(joined).encode()).hexdigest()
+            assert s["source_words"] == [len(" ".join(sources[i : i + k]).split()) for i in range(0, 24, k)]
+        attention = record["long"]["attention"]
+        if record["config"]["attention"]["name"] == "none":
+            assert attention is None
+        else:
+            assert len(attention) == len(record["long"]["tgt_pieces"]) and len(attention[0]) > 1
+
+
+def test_study_numbers_agree_with_sacrebleu(study, monkeypatch):
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    _, summary, out = study
+    records = _records(out)
+    bleu = {
+        (r["config"]["attention"]["name"], r["config"]["seed"], s["k"]): sacrebleu.corpus_bleu(
+            s["hypotheses"], [s["references"]]
+        ).score
+        for r in records.values()
+        for s in r["sets"].values()
+    }
+    assert all(bleu[att, seed, 1] > 0 for att in ("none", "bahdanau") for seed in (1, 2))
+    for att in ("none", "bahdanau"):
+        m = summary["models"][att]
+        for k in (1, 2, 3):
+            assert m["bleu_by_k"][str(k)] == pytest.approx((bleu[att, 1, k] + bleu[att, 2, k]) / 2, abs=0.006)
+            assert m["by_k"][k - 1]["seed_bleu"] == pytest.approx([bleu[att, 1, k], bleu[att, 2, k]], abs=0.006)
+        ratios = [bleu[att, seed, 2] / bleu[att, seed, 1] for seed in (1, 2)]
+        assert m["ratio"] == pytest.approx(sum(ratios) / 2, abs=0.0006)
+    per_seed = [
+        bleu["bahdanau", s, 2] / bleu["bahdanau", s, 1] - bleu["none", s, 2] / bleu["none", s, 1] for s in (1, 2)
+    ]
+    assert summary["interaction"]["bahdanau"]["difference"] == pytest.approx(sum(per_seed) / 2, abs=0.0006)
+    # at k = 1 (captions, each its own unit) each seed pair's p is sacrebleu's paired test with its seed
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")
+    cell = summary["paired"]["bahdanau"]["1"]
+    for i, seed in enumerate((1, 2)):
+        sys_set = records[f"{2 + i}_bahdanau_seed{seed}"]["sets"]["test_k1"]
+        base_set = records[f"{i}_none_seed{seed}"]["sets"]["test_k1"]
+        assert cell["deltas"][i] == pytest.approx(bleu["bahdanau", seed, 1] - bleu["none", seed, 1], abs=0.006)
+        if sys_set["hypotheses"] == base_set["hypotheses"]:
+            assert cell["p_seeds"][i] == 1.0
+            continue
+        test = PairedTest(
+            [("none", base_set["hypotheses"]), ("bahdanau", sys_set["hypotheses"])],
+            {"BLEU": BLEU()},
+            [sys_set["references"]],
+            "bs",
+            B,
+        )
+        p = test()[1]["BLEU"][1].p_value
+        assert abs(cell["p_seeds"][i] - p) <= 2 / (B + 1), (cell["p_seeds"][i], p)
+
+
+def test_the_study_rebuilt_from_its_records_alone_is_the_same_file_for_file(study, rebuilt):
+    _, _, a = study
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(rebuilt) for p in rebuilt.rglob("*") if p.is_file()) == files
+    assert {str(f) for f in files} >= {*FIGURES, "study.md", "study.json", "records/0_none_seed1.json.gz"}
+    for f in files:
+        assert (rebuilt / f).read_bytes() == (a / f).read_bytes(), f
+
+
+def test_a_run_and_its_record_together_are_the_same_run_twice(sweep, study, tmp_path, capsys):
+    _, _, out = study
+    err = _main_error([sweep / "0_none_seed1", out / "records" / "0_none_seed1.json.gz"], capsys)
+    assert "run 0_none_seed1 is given twice" in err
+
+
+def test_a_split_the_corpus_lacks_is_one_line_error(sweep, study, tmp_path, capsys):
+    err = _main_error([sweep, "--split", "nosuch", "--output", tmp_path / "out"], capsys)
+    assert "split 'nosuch' is not a split of corpus files" in err and "test_k3" in err
+
+
+def test_find_inputs_skips_unfinished_jobs_and_reads_directories_of_records(sweep, study, tmp_path):
+    _, _, out = study
+    (tmp_path / "5_bahdanau_seed3" / ".hydra").mkdir(parents=True)  # a job without a checkpoint yet
     (tmp_path / "0_none_seed1").symlink_to(sweep / "0_none_seed1")
-    runs, skipped = find_runs([tmp_path])
-    assert [p.name for p in runs] == ["0_none_seed1"] and [p.name for p in skipped] == ["5_bahdanau_seed1"]
+    runs, records, skipped = find_inputs([tmp_path])
+    assert [p.name for p in runs] == ["0_none_seed1"] and records == []
+    assert [p.name for p in skipped] == ["5_bahdanau_seed3"]
+    runs, records, skipped = find_inputs([out / "records", out / "records" / "1_none_seed2.json.gz"])
+    assert runs == [] and skipped == [] and len(records) == 4  # the record given twice is read once
+    shutil.rmtree(tmp_path / "5_bahdanau_seed3")

@@ -1,17 +1,21 @@
-"""nmt-study: compare the runs of a sweep (e.g. `nmt-train experiment=bottleneck`) by source length.
+"""nmt-study: compare the runs of a study (e.g. `nmt-train experiment=bottleneck`) as their inputs grow.
 
-    nmt-study multirun/2024-05-01/12-00-00                  # every run under the sweep directory
-    nmt-study runs/none runs/luong --buckets 0,15,25,35      # run directories trained separately
-    nmt-study SWEEP --beam 5 --bootstrap 2000 --output docs/study
+    nmt-study multirun/2024-05-01/12-00-00                     # every run under the sweep directory
+    nmt-study docs/study/caption_windows/records               # the same study from its records alone
+    nmt-study SWEEP old/records/none_seed4.json.gz --output docs/study/x   # runs and records, mixed
 
-Each run's checkpoints/best.pt is evaluated on the test split as nmt-evaluate does, writing <run>/eval/;
-when the corpus has verse windows (test_k1..test_kK, from data.window=K) every test_k<k> set is evaluated
-too. Runs that differ only in the seed form a group: per bucket (and per k) its seed mean BLEU with a 95%
-interval over seeds x sentences, and a paired bootstrap test (sacrebleu) against the attention=none group,
-seed by seed. The valid split is refused: it chose each run's best.pt. The sweep directory (or --output)
-receives study.md, study.json, bleu_by_length.png, bleu_by_window.png (with windows), learning_curves.png
-and attention_long_sentence.png. The tables are printed.
-Buckets default to the finest candidate edges with at least --min-bucket sentences in every bucket.
+Each run directory's checkpoints/best.pt translates the test split and, where the corpus has them (data.window),
+its windows test_k1..test_kK: the same test items joined k at a time. What it translated and how it trained go
+into one record per run, <output>/records/<run>.json.gz; every table, plot and test is then built from records
+alone, so records made on other days and machines combine, and a study rebuilt from its records equals the
+original file for file. Runs must differ only in the attention and the seed (paths, threads and logging may
+differ); the seeds are paired by the seed each run recorded. Per k: each model's seed-mean BLEU with a 95%
+interval (test captions, or Bible chapters, resampled jointly across k, and seeds resampled), a paired bootstrap
+test against attention=none for every seed (significant only when every seed agrees in sign; Holm-corrected over
+every k and model), and the interaction: each model's ratio BLEU(k=K) / BLEU(k=1) minus none's, with a 95%
+interval. The output directory receives records/, study.md, study.json, bleu_by_window.png, bleu_by_length.png,
+learning_curves.png and attention_long.png; the tables are printed. The training split, the split that chose
+each checkpoint (valid and its windows) and a split given twice are refused.
 """
 
 from __future__ import annotations
@@ -32,14 +36,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "paths",
         nargs="+",
         type=Path,
-        metavar="SWEEP_DIR_OR_RUN_DIR",
-        help="a multirun directory (its subdirectories with checkpoints/best.pt) or run directories",
+        metavar="SWEEP_DIR_RUN_DIR_OR_RECORD",
+        help="a multirun directory (its subdirectories with checkpoints/best.pt), run directories, records "
+        "(*.json.gz) or a directory of records",
     )
     parser.add_argument(
         "--split",
         default="test",
-        help="held-out split to evaluate on (default: test; join splits with + to concatenate "
-        "them); valid and valid_k<k> are refused, since valid chose each run's best.pt",
+        help="held-out split to study (default: test), with its windows <split>_k<k> where the corpus has them; "
+        "train, valid and valid_k<k> are refused (valid chose each run's best.pt)",
     )
     parser.add_argument(
         "--buckets",
@@ -47,21 +52,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="source-length bucket edges in words, e.g. 0,15,25,35 (default: chosen from the data)",
     )
     parser.add_argument(
-        "--min-bucket", type=int, default=80, help="sentences every automatically chosen bucket must hold (default: 80)"
+        "--min-bucket", type=int, default=80, help="items every automatically chosen bucket must hold (default: 80)"
     )
-    parser.add_argument("--beam", type=int, default=1, help="beam size (default: 1, greedy)")
+    parser.add_argument("--beam", type=int, default=1, help="beam size for the runs recorded now (default: 1, greedy)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
     parser.add_argument(
         "--bootstrap",
         type=int,
         default=1000,
-        help="bootstrap replicates for the 95%% intervals (seeds x sentences) and resamples for "
-        "the paired tests against none; 0: neither (default: 1000)",
+        help="resamples for every interval and paired test, at least 1000 (default: 1000; the smallest p-value "
+        "is then 1/1001, printed as < 0.001)",
     )
-    parser.add_argument("--heatmaps", type=int, default=4, help="heatmaps per run in <run>/eval (default: 4)")
+    parser.add_argument(
+        "--seed", type=int, default=12345, help="the resampling seed, recorded in study.json (default: 12345)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: all)")
     parser.add_argument(
-        "--output", type=Path, default=None, help="where the study files go (default: the sweep directory)"
+        "--output",
+        type=Path,
+        default=None,
+        help="where the study files go (default: the sweep directory, or the folder above a records/ directory)",
     )
     return parser.parse_args(argv)
 
@@ -86,43 +96,42 @@ def run(args: argparse.Namespace) -> dict:
     import torch
 
     from nmt.metrics import check_edges
-    from nmt.study import StudySettings, check_splits, run_study
+    from nmt.study import RecordSettings, StudySettings, check_split, run_study
 
-    if args.beam < 1 or args.bootstrap < 0 or args.min_bucket < 1 or args.heatmaps < 0:
-        raise ConfigError("--beam and --min-bucket must be at least 1, --bootstrap and --heatmaps at least 0")
-    splits = check_splits(args.split.split("+"))
+    if args.beam < 1 or args.min_bucket < 1:
+        raise ConfigError("--beam and --min-bucket must be at least 1")
     edges = parse_edges(args.buckets)
     if edges is not None:
         check_edges(edges, "--buckets")
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = StudySettings(
-        splits=splits,
+        split=check_split(args.split),
         edges=edges,
         min_bucket=args.min_bucket,
         bootstrap=args.bootstrap,
-        heatmaps=args.heatmaps,
-        device=resolve_device(args.device, "--device "),
-        decoding={"beam_size": args.beam},
+        seed=args.seed,
+        record=RecordSettings(device=resolve_device(args.device, "--device "), decoding={"beam_size": args.beam}),
     )
     return run_study(args.paths, load_corpus, args.output, settings)
 
 
 def main(argv: list[str] | None = None) -> None:
-    from nmt.study_report import table_markdown, tests_markdown, windows_markdown
+    from nmt.study.report import interaction_markdown, paired_markdown, windows_markdown
 
     args = parse_args(argv)
     with user_errors():
         summary = run(args)
-    print(table_markdown(summary))
-    if summary.get("windows"):
-        print("By window size (the same test verses, k at a time):\n" + windows_markdown(summary))
-    if tests_markdown(summary):
-        print("Paired tests against none (BLEU difference, largest p over seed pairs):\n" + tests_markdown(summary))
+    print("BLEU by window size k (seed mean [95% interval]):\n" + windows_markdown(summary))
+    if summary["interaction"]:
+        print("Ratio BLEU(k=K) / BLEU(k=1) against none's:\n" + interaction_markdown(summary))
+    if summary["paired"]:
+        print("Paired tests against none:\n" + paired_markdown(summary))
     for note in summary["notes"]:
         print(f"- {note}")
-    files = ", ".join(Path(f).name for f in summary["files"].values())
-    print(f"\nwritten to {Path(summary['files']['md']).parent}: {files} (per-run files in <run>/eval)")
+    out = Path(args.output) if args.output else None
+    where = out or "the output directory"
+    print(f"\nwritten to {where}: records/, " + ", ".join(summary["files"].values()))
 
 
 if __name__ == "__main__":

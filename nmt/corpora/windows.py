@@ -33,20 +33,29 @@ def check_window(window: int, window_test: int | None, unit: str) -> int:
     return window if window_test is None else window_test
 
 
+def window_sizes(units: Sequence[int], k: int) -> list[int]:
+    """How many consecutive pairs each window of `k` holds, in order: k, ..., k, then a unit's rest."""
+    if k < 1:
+        raise ValueError(f"window size {k}: use 1 or more")
+    sizes = []
+    for _, run in itertools.groupby(units):
+        n = len(list(run))
+        sizes += [k] * (n // k) + ([n % k] if n % k else [])
+    return sizes
+
+
 def windows(pairs: Sequence[Pair], units: Sequence[int], k: int) -> list[Pair]:
-    """Each unit's consecutive pairs cut into windows of `k`, sources and targets joined with a space.
+    """Each unit's consecutive pairs cut into windows of `k` (window_sizes), sources and targets joined with
+    a space.
 
     A unit's last window holds the n mod k pairs left over, so every k gives the same pairs and the
     same reference words: only how many pairs share one input changes.
     """
-    if k < 1:
-        raise ValueError(f"window size {k}: use 1 or more")
-    out = []
-    for _, run in itertools.groupby(range(len(pairs)), key=units.__getitem__):
-        idx = list(run)
-        for start in range(0, len(idx), k):
-            window = [pairs[i] for i in idx[start : start + k]]
-            out.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
+    out, start = [], 0
+    for size in window_sizes(units[: len(pairs)], k):
+        window = pairs[start : start + size]
+        out.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
+        start += size
     return out
 
 

@@ -1,0 +1,100 @@
+"""What a study's runs may differ in: their stored training configs compared key by key.
+
+    flat = flatten(config)                     # {"trainer.max_epochs": 9, ...}
+    check_comparable(configs, names)           # DataError naming the first key (and both values) that differs
+    decoder_label(config)                      # "bahdanau (RNNsearch order)"
+
+A study compares runs that differ only in the attention (`attention.*`) and the seed. Paths and the keys
+that do not change what a run learns (device, threads, progress bars, logging, resume) may differ too; any
+other difference is refused, since the study's claims would then rest on more than the attention.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+
+from nmt.errors import DataError
+
+# config keys that do not change what a run learns (prefixes end with ".")
+IGNORED_KEYS = (
+    "device",
+    "paths.",
+    "data.root",
+    "data.db_path",
+    "trainer.progress",
+    "trainer.resume",
+    "trainer.threads",
+    "trainer.log_every",
+    "trainer.heatmaps",
+)
+COMPARED = ("attention.", "seed")  # what the study compares across
+
+
+def flatten(config: dict, prefix: str = "") -> dict:
+    """{"trainer.max_steps": 1200, ...}: nested dicts become dotted keys, other values stay as they are."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _matches(key: str, keys: Sequence[str]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
+
+
+def ignored(key: str) -> bool:
+    return _matches(key, IGNORED_KEYS)
+
+
+def compared(key: str) -> bool:
+    return _matches(key, COMPARED)
+
+
+def _value(flat: dict, key: str) -> str:
+    return json.dumps(flat.get(key, "<unset>"), sort_keys=True)
+
+
+def differing_keys(configs: Sequence[dict], skip: Callable[[str], bool] = lambda key: False) -> list[str]:
+    """Dotted keys (except ignored and skipped ones) whose values are not the same in all `configs`."""
+    flat = [flatten(c) for c in configs]
+    keys = sorted({k for f in flat for k in f})
+    return [k for k in keys if not ignored(k) and not skip(k) and len({_value(f, k) for f in flat}) > 1]
+
+
+def check_comparable(configs: Sequence[dict], names: Sequence[str]) -> None:
+    """DataError unless the configs differ only in the attention, the seed and ignored keys; the message
+    names the first key that differs, two runs and their values."""
+    keys = differing_keys(configs, compared)
+    if not keys:
+        return
+    key = keys[0]
+    flat = [flatten(c) for c in configs]
+    first = _value(flat[0], key)
+    other = next(i for i, f in enumerate(flat) if _value(f, key) != first)
+    raise DataError(
+        f"the runs differ in {key}: {names[0]} has {first}, {names[other]} has {_value(flat[other], key)}; "
+        "a study compares runs that differ only in the attention and the seed (paths, threads and logging "
+        "may differ): leave the other runs out, or study them separately"
+    )
+
+
+def decoder_label(config: dict) -> str:
+    """Which decoder a run really is, from its stored config: the attention (and its score), the order of
+    attention and recurrence (attention.query) and input feeding (model.input_feeding), e.g.
+    "none (RNNencdec: context into every step)", "bahdanau (RNNsearch order)",
+    "luong general (Luong order, input feeding)"."""
+    attention = config.get("attention", {})
+    name, query = str(attention.get("name")), attention.get("query")
+    if query == "previous":  # the context (for none: the sentence vector) is an input of every LSTM step
+        order = "RNNencdec: context into every step" if name == "none" else "RNNsearch order"
+    elif query == "current":  # the context joins after each LSTM step: h~ = tanh(W_c [c; h])
+        order = "Luong order: context after each step" if name == "none" else "Luong order"
+    else:
+        order = ""
+    parts = [p for p in (order, "input feeding" if config.get("model", {}).get("input_feeding") else "") if p]
+    label = name + (f" {attention['score']}" if attention.get("score") else "")
+    return label + (f" ({', '.join(parts)})" if parts else "")

@@ -1,0 +1,219 @@
+"""A study record: one finished run's translations and facts in one self-describing file (JSON, gzip).
+
+    record = make_record(read_run_dir(run), corpus, "test", RecordSettings(decoding={"beam_size": 1}))
+    write_record(record, Path("records/bahdanau_seed1.json.gz"))
+    record = read_record(Path("records/bahdanau_seed1.json.gz"))
+    run = StudyRun.of(record)                          # what nmt.study.build computes with
+
+Run directories do not outlive a working session; records do, and every table, plot and test of a study is
+built from records alone, so records made on different days and machines combine. A record holds: the
+resolved training config; what trained it (commit, CPU, torch; `provenance`, from the checkpoint) and what
+made the record; wall time, steps, epochs, the chosen checkpoint's validation score and step, the validation
+learning curve; the decoding settings; and for the study's split and each of its windows `<split>_k<k>` the
+detokenized hypotheses, the references (with their sha256), the source words and the window sizes; the
+split's resampling units (Bible chapters; else each pair is its own unit); the overlap of the split with the
+training text; and one long input's attention weights.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nmt.errors import DataError
+from nmt.study.runs import RunInfo, learning_curve
+from nmt.study.stats import Output
+
+FORMAT = "nmt-study-record"
+VERSION = 1
+Pair = tuple[str, str]
+
+
+@dataclass
+class RecordSettings:
+    device: str = "cpu"
+    decoding: dict = field(default_factory=dict)  # Translator keywords, e.g. {"beam_size": 5}
+    long_words: int = 40  # the attention heatmap's input: the longest evaluated source with at most this many words
+
+
+def references_sha256(references: list[str]) -> str:
+    return hashlib.sha256("\n".join(references).encode()).hexdigest()
+
+
+def window_sets(corpus, split: str) -> list[str]:
+    """[`<split>_k1`, ..., `<split>_kK`]: the split's window sets, K as far as they run unbroken."""
+    out: list[str] = []
+    while f"{split}_k{len(out) + 1}" in corpus.splits:
+        out.append(f"{split}_k{len(out) + 1}")
+    return out
+
+
+def overlap(corpus, split: str) -> dict:
+    """How many pairs of `split` share their source, their target or both with a training pair."""
+    train = corpus.splits["train"]
+    sources, targets, both = {s for s, _ in train}, {t for _, t in train}, set(train)
+    pairs = corpus.splits[split]
+    return {
+        "pairs": len(pairs),
+        "source": sum(s in sources for s, _ in pairs),
+        "target": sum(t in targets for _, t in pairs),
+        "both": sum(p in both for p in pairs),
+    }
+
+
+def _long_input(sets: dict[str, list[Pair]], max_words: int) -> tuple[str, int]:
+    """(set, index) of the longest source with at most `max_words` words (else the shortest longer one)."""
+
+    def rank(item: tuple[str, int]) -> tuple[bool, int]:
+        n = len(sets[item[0]][item[1]][0].split())
+        return (n <= max_words, n if n <= max_words else -n)
+
+    return max(((name, i) for name, pairs in sets.items() for i in range(len(pairs))), key=rank)
+
+
+def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> dict:
+    """Translate the split (and its windows) with the run's best checkpoint; the record as a dict."""
+    import torch
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.corpora.windows import window_sizes
+    from nmt.device import provenance
+    from nmt.evaluation import evaluate
+    from nmt.translator import Translator
+
+    started = time.time()
+    payload = load_checkpoint(info.path / "checkpoints" / "best.pt")
+    translator = Translator.from_payload(payload, settings.device, checkpoint=None, **settings.decoding)
+    names = window_sets(corpus, split) or [split]
+    sets = {name: corpus.splits[name] for name in names}
+    units = corpus.chapters.get(split)  # the resampling units (Bible chapters); None: each pair its own
+    window_units = units or [0] * len(corpus.splits[split])  # what a window may not cross
+    out_sets = {}
+    for name, pairs in sets.items():
+        result = evaluate(translator, pairs, [0], 0, None, name)
+        references = [t for _, t in pairs]
+        k = int(name.rsplit("_k", 1)[1]) if name != split else 1
+        out_sets[name] = {
+            "k": k,
+            "sizes": window_sizes(window_units, k),
+            "hypotheses": result["hypotheses"],
+            "references": references,
+            "references_sha256": references_sha256(references),
+            "source_words": [len(s.split()) for s, _ in pairs],
+            "bleu": result["bleu"],
+            "chrf": result["chrf"],
+            "ter": result["ter"],
+        }
+    long_set, index = _long_input(sets, settings.long_words)
+    source, reference = sets[long_set][index]
+    t = translator.translate([source])[0][0]
+    record = {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": info.path.name,
+        "config": info.config,
+        "provenance": info.provenance,
+        "corpus": corpus.name,
+        "split": split,
+        "units": units,
+        "overlap": overlap(corpus, split),
+        "train_minutes": info.minutes,
+        "steps": info.step,
+        "epochs": info.epoch,
+        "finished": info.finished,
+        "best": info.best,
+        "learning_curve": learning_curve(info.history),
+        "parameters": translator.model.num_parameters(),
+        "decoding": {k: v for k, v in translator.settings.items() if k != "attention"},
+        "signatures": result["signatures"],
+        "sets": out_sets,
+        "long": {
+            "set": long_set,
+            "index": index,
+            "source": source,
+            "reference": reference,
+            "text": t.text,
+            "src_pieces": t.src_pieces,
+            "tgt_pieces": t.tgt_pieces,
+            "attention": [[round(float(x), 3) for x in row] for row in t.attention[: len(t.tgt_pieces)].tolist()]
+            if translator.has_alignment
+            else None,
+        },
+    }
+    record["recorded_by"] = {
+        **provenance(torch.get_num_threads()),
+        "seconds": round(time.time() - started, 1),
+    }  # what made the record
+    return record
+
+
+def write_record(record: dict, path: Path) -> Path:
+    """Gzip'd JSON, byte-for-byte the same for the same record (no timestamp in the gzip header)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(record, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as f:
+        f.write(data)
+    return path
+
+
+REQUIRED = ("name", "config", "split", "sets", "decoding", "long", "train_minutes", "steps", "best")
+
+
+def read_record(path: Path) -> dict:
+    """A record written by write_record; a DataError naming the file and the fix on anything else."""
+    try:
+        record = json.loads(gzip.decompress(Path(path).read_bytes()))
+    except OSError as e:
+        raise DataError(
+            f"{path}: cannot be read as a gzip'd record ({e}); pass a record written by nmt-study"
+        ) from None
+    except (ValueError, zlib.error, EOFError) as e:
+        raise DataError(
+            f"{path}: not a study record (broken gzip or JSON: {e}); write it again with nmt-study"
+        ) from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise DataError(f"{path}: not a study record (no format {FORMAT!r}); pass a record written by nmt-study")
+    if record.get("version", 0) > VERSION:
+        raise DataError(
+            f"{path}: record version {record['version']} is newer than this nmt reads ({VERSION}); update nmt"
+        )
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise DataError(f"{path}: the record lacks {', '.join(missing)}; write it again with nmt-study")
+    return record
+
+
+@dataclass
+class StudyRun:
+    """One run as a study computes with it: its record and its outputs per evaluated set."""
+
+    record: dict
+    outputs: dict[str, Output]
+
+    @classmethod
+    def of(cls, record: dict) -> StudyRun:
+        outputs = {
+            name: Output.of(s["hypotheses"], s["references"], s["source_words"]) for name, s in record["sets"].items()
+        }
+        return cls(record, outputs)
+
+    @property
+    def name(self) -> str:
+        return self.record["name"]
+
+    @property
+    def config(self) -> dict:
+        return self.record["config"]
+
+    @property
+    def attention(self) -> str:
+        return str(self.config.get("attention", {}).get("name"))
+
+    @property
+    def seed(self):
+        return self.config.get("seed")
