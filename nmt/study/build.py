@@ -428,6 +428,7 @@ def run_row(run: StudyRun) -> dict:
         "seed": run.seed,
         "bleu_by_k": {str(s["k"]): s["bleu"] for s in sorted(r["sets"].values(), key=lambda s: s["k"])},
         "train_minutes": r["train_minutes"],
+        "trained_at": r.get("trained_at"),
         "steps": r["steps"],
         "epochs": r["epochs"],
         "best": r["best"],

@@ -7,12 +7,12 @@
 
 Run directories do not outlive a working session; records do, and every table, plot and test of a study is
 built from records alone, so records made on different days and machines combine. A record holds: the
-resolved training config; what trained it (commit, CPU, torch; `provenance`, from the checkpoint) and what
-made the record; wall time, steps, epochs, the chosen checkpoint's validation score and step, the validation
-learning curve; the decoding settings; and for the study's split and each of its windows `<split>_k<k>` the
-detokenized hypotheses, the references (with their sha256), the source words and the window sizes; the
-split's resampling units (Bible chapters; else each pair is its own unit); the overlap of the split with the
-training text; and one long input's attention weights.
+resolved training config; what trained it (commit, CPU, torch: `provenance`, from the checkpoint), when it
+ended, and what made the record; wall time, steps, epochs, the chosen checkpoint's validation score and
+step, the validation learning curve; the decoding settings; for the study's split and each of its windows
+`<split>_k<k>`: the detokenized hypotheses, the references (with their sha256), the source words and the
+window sizes; the split's resampling units (Bible chapters; else each pair is its own unit); the split's
+overlap with the training text; and one long input's attention weights.
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
         "units": units,
         "overlap": overlap(corpus, split),
         "train_minutes": info.minutes,
+        "trained_at": info.trained_at,
         "steps": info.step,
         "epochs": info.epoch,
         "finished": info.finished,

@@ -104,14 +104,15 @@ def length_markdown(summary: dict) -> str:
 
 def runs_markdown(summary: dict) -> str:
     lines = [
-        "| run | seed | BLEU by k | training | steps | best step | CPU | torch | commit | decoding precision |",
-        "|---|---:|---|---:|---:|---:|---|---|---|---|",
+        "| run | seed | BLEU by k | training | ended (UTC) | steps | best step | CPU | torch | commit | decoding |",
+        "|---|---:|---|---:|---|---:|---:|---|---|---|---|",
     ]
     for r in summary["runs"]:
         by_k = " / ".join(f"{v:.1f}" for v in r["bleu_by_k"].values())
         commit = (r["commit"] or "-")[:12]
         lines.append(
-            f"| {r['name']} | {r['seed']} | {by_k} | {r['train_minutes']:.1f} min | {r['steps']} | "
+            f"| {r['name']} | {r['seed']} | {by_k} | {r['train_minutes']:.1f} min | {r.get('trained_at') or '-'} | "
+            f"{r['steps']} | "
             f"{r['best'].get('step')} | {r['cpu']} | {r['torch']} | {commit} | {r['precision']} |"
         )
     return "\n".join(lines) + "\n"

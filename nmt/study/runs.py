@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from nmt.errors import DataError
@@ -38,6 +39,7 @@ class RunInfo:
     finished: bool  # metrics.json exists
     best: dict  # {"metric", "value", "step"} of the checkpoint the study evaluates
     provenance: dict  # what trained it (commit, CPU, torch), {} for checkpoints older than the record
+    trained_at: str  # when training ended (metrics.json, else the last checkpoint), UTC, e.g. 2026-12-04T05:43Z
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -102,6 +104,7 @@ def read_run_dir(path: Path) -> RunInfo:
         except (OSError, ValueError):
             log.warning("%s: unreadable; using the checkpoint's step and epoch", metrics)
     chosen = best.get("best") or {}
+    ended = (metrics if metrics.is_file() else last if last.is_file() else path / BEST).stat().st_mtime
     return RunInfo(
         path,
         payload["config"],
@@ -112,6 +115,7 @@ def read_run_dir(path: Path) -> RunInfo:
         metrics.is_file(),
         {"metric": chosen.get("metric"), "value": chosen.get("value"), "step": best.get("step")},
         dict(best.get("provenance") or {}),
+        datetime.fromtimestamp(ended, timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
     )
 
 
