@@ -99,7 +99,7 @@ def describe_machine(threads: int) -> dict:
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "threads": threads,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str: torch.load(weights_only=True) refuses TorchVersion
         "python": platform.python_version(),
         "platform": platform.platform(),
     }

@@ -62,3 +62,16 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, where
     assert load_checkpoint(last)["step"] == 1
     save_checkpoint(last, {"step": 3})  # the next save succeeds and sweeps the dead process's leftovers
     assert [p.name for p in last.parent.iterdir()] == ["last.pt"] and load_checkpoint(last)["step"] == 3
+
+
+def test_provenance_loads_and_torch_version_is_a_plain_string(tmp_path):
+    """A checkpoint's provenance is plain values; checkpoints that stored torch's TorchVersion object
+    (a str subclass, refused by weights_only loading unless allowed) still load."""
+    from nmt.device import provenance
+
+    facts = provenance(1)
+    assert type(facts["torch"]) is str and facts["torch"] == str(torch.__version__)
+    save_checkpoint(tmp_path / "plain.pt", {"provenance": facts})
+    assert load_checkpoint(tmp_path / "plain.pt")["provenance"] == facts
+    save_checkpoint(tmp_path / "old.pt", {"provenance": {"torch": torch.__version__}})
+    assert load_checkpoint(tmp_path / "old.pt")["provenance"]["torch"] == str(torch.__version__)
