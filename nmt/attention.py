@@ -18,8 +18,8 @@ Masking happens in fp32 (-inf before the softmax), so padding gets exactly zero 
 bf16 autocast. Keys that do not depend on the query (W_h h) are projected once in `prepare`, returned,
 and passed back in: no per-batch state is ever stored on a module. The products of a query or weights with
 keys and values run in the dtype those are held in (nmt.device.step_dtype: fp32 on a CPU), autocast off.
-`for_steps` wraps them for a training loop that calls the attention once per step (nmt.stepweight.StepMatrix,
-nmt.energy.StepKeys), so that their gradients are summed once over the steps rather than formed in full at
+`for_steps` wraps them for a training loop that calls the attention once per step (nmt.kernels.stepweight.StepMatrix,
+nmt.kernels.energy.StepKeys), so that their gradients are summed once over the steps rather than formed in full at
 every step.
 """
 
@@ -30,12 +30,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from nmt.attention_step import additive_step, factored_keys
 from nmt.choices import LuongScore, choice
 from nmt.device import autocast_dtype
-from nmt.energy import StepKeys, additive_energy
+from nmt.kernels.attention_step import additive_step, factored_keys
+from nmt.kernels.energy import StepKeys, additive_energy
+from nmt.kernels.stepweight import StepMatrix, StepWeight, bmm
 from nmt.shapes import linear_rows
-from nmt.stepweight import StepMatrix, StepWeight, bmm
 
 
 def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -63,6 +63,11 @@ class Attention(nn.Module):
         (nmt.device.step_dtype; None: as they are): the values' gradient is then one bmm over all steps
         (StepMatrix); subclasses that score with a matmul or the additive energy hand their keys over too."""
         return keys, StepMatrix.of(values, dtype)
+
+    def additive_v(self) -> Tensor | None:
+        """v (A,) where a step is exactly the additive score v^T tanh(W_s s + W_h h) over `for_steps`' keys
+        (AdditiveAttention), for RNNsearch's loop as one node (nmt.kernels.decoder_loop); None elsewhere."""
+        return None
 
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         weights = masked_softmax(self.score(query, keys), mask)  # (B, T, S) fp32
@@ -100,10 +105,10 @@ class NoAttention(Attention):
 class AdditiveAttention(Attention):
     """Bahdanau et al. (2015): score(s, h) = v^T tanh(W_s s + W_h h).
 
-    The energy is computed by nmt.energy in cache-sized pieces, in fp32, with a backward that recomputes
+    The energy is computed by nmt.kernels.energy in cache-sized pieces, in fp32, with a backward that recomputes
     the tanh: the (B, T, S, A) tensor of the plain form is never built. Where the compiled kernels run, a
     decoder step (one query) is two C++ kernels instead, the softmax and the values included
-    (nmt.attention_step).
+    (nmt.kernels.attention_step).
 
     Which decoder state is the query (the previous state s_{t-1}, as in the paper, or the current
     top state h_t, as in Luong's ordering) is chosen by the decoder (`attention.query`).
@@ -118,7 +123,7 @@ class AdditiveAttention(Attention):
 
     def prepare(self, states: Tensor, summary: Tensor) -> tuple[Tensor, Tensor]:
         keys = linear_rows(states, self.key_proj.weight, self.key_proj.bias)  # (B, S, A): once per sentence
-        return keys.float(), states  # keys in fp32 (nmt.energy)
+        return keys.float(), states  # keys in fp32 (nmt.kernels.energy)
 
     def for_steps(self, keys: Tensor, values: Tensor, dtype: torch.dtype | None) -> tuple:
         """The keys with W_s for the steps (StepKeys: one gradient for each over all steps), the values as
@@ -126,12 +131,15 @@ class AdditiveAttention(Attention):
         w_s = StepWeight.of(self.query_proj.weight, autocast_dtype(keys.device.type))
         return StepKeys.of(keys, w_s, factored_keys), StepMatrix.of(values, dtype)
 
+    def additive_v(self) -> Tensor:
+        return self.v.weight.view(-1)
+
     def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         if isinstance(keys, StepKeys) and keys.query is not None and query.size(1) == 1:  # a training loop's step
             q = keys.query(query.squeeze(1)).unsqueeze(1)  # (B, 1, A)
         else:
             q = self.query_proj(query)  # (B, T, A)
-        if q.size(1) == 1:  # a decoder step: one C++ kernel each way where they run (nmt.attention_step)
+        if q.size(1) == 1:  # a decoder step: one C++ kernel each way where they run (nmt.kernels.attention_step)
             step = additive_step(q.squeeze(1), keys, self.v.weight.view(-1), values, mask)
             if step is not None:
                 context, weights = step  # (B, D), (B, S)
@@ -143,7 +151,7 @@ class AdditiveAttention(Attention):
         return self._energy(self.query_proj(query), keys)
 
     def _energy(self, q: Tensor, keys: Tensor) -> Tensor:
-        return additive_energy(q, keys, self.v.weight.view(-1))  # (B, T, S) fp32, fused (nmt.energy)
+        return additive_energy(q, keys, self.v.weight.view(-1))  # (B, T, S) fp32, fused (nmt.kernels.energy)
 
 
 class LuongAttention(Attention):

@@ -7,7 +7,9 @@ file, and read with `torch.load(weights_only=True)`, so nothing in it is ever ex
 
     save_checkpoint(path, payload)
     payload = load_checkpoint(path)           # CheckpointError with a clear message on any problem
-    model, tokenizer = model_from_checkpoint(payload)
+
+This module only reads and writes the file: it sits below the model and imports none of it (a contract in
+pyproject.toml). Building the model and tokenizer a payload describes is nmt.restore.model_from_checkpoint.
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ from pathlib import Path
 import torch
 
 from nmt.atomic import atomic_path
-from nmt.errors import CheckpointError
-from nmt.model import MODEL_VERSION, ModelConfig, Seq2Seq
-from nmt.tokenizer import Tokenizer
+from nmt.errors import CheckpointError, first_line
 
 FORMAT = "nmt-checkpoint"
 FORMAT_VERSION = 1
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the model's code (nmt.model)
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
@@ -60,7 +61,7 @@ def _write_error(e: BaseException) -> str:
         if isinstance(seen, OSError):
             return seen.strerror or str(seen)
         seen = seen.__cause__ or seen.__context__
-    return _first_line(e)
+    return first_line(e)
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -119,7 +120,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             "plain values, which are never loaded); pass a checkpoint written by nmt-train"
         ) from None
     except Exception as e:  # torch reports a cut-off zip in many ways (RuntimeError, OSError, EOFError, ...)
-        detail = f"{type(e).__name__}: {_first_line(e).split('. ')[0][:100]}" if str(e) else type(e).__name__
+        detail = f"{type(e).__name__}: {first_line(e).split('. ')[0][:100]}" if str(e) else type(e).__name__
         raise CheckpointError(
             f"{path}: truncated or corrupt checkpoint ({detail}); copy it again, or {_ANOTHER}"
         ) from None
@@ -136,48 +137,3 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"this reads {FORMAT_VERSION}); evaluate it with the nmt version that trained it, or retrain"
         )
     return data
-
-
-MODEL_KEYS = ("model", "model_config", "src_vocab", "tgt_vocab", "spm_src", "spm_tgt")
-
-
-def model_from_checkpoint(
-    data: dict, device: str | torch.device = "cpu", path: str | Path | None = None
-) -> tuple[Seq2Seq, Tokenizer]:
-    """Rebuild the model (in eval mode) and tokenizer a checkpoint describes; CheckpointError if it cannot.
-
-    `path` only names the file in the error messages.
-    """
-    where = str(path) if path else "checkpoint"
-    retrain = "evaluate it with the nmt version that trained it, or retrain"
-    missing = [key for key in MODEL_KEYS if key not in data]
-    if missing:
-        raise CheckpointError(
-            f"{where}: incomplete checkpoint, it lacks {', '.join(missing)}; pass a checkpoint written by nmt-train"
-        )
-    try:
-        tokenizer = Tokenizer(data["spm_src"], data["spm_tgt"])
-    except Exception as e:  # sentencepiece: RuntimeError or TypeError on anything but a model proto
-        raise CheckpointError(
-            f"{where}: its sentencepiece models cannot be read ({_first_line(e)}); {retrain}"
-        ) from None
-    try:
-        model = Seq2Seq(ModelConfig(**data["model_config"]), int(data["src_vocab"]), int(data["tgt_vocab"]))
-    except Exception as e:  # an unknown field, a wrong type, an unknown attention, ...
-        raise CheckpointError(
-            f"{where}: its model_config does not describe a model this version can build ({_first_line(e)}); {retrain}"
-        ) from None
-    try:
-        model.load_state_dict(data["model"])
-    except Exception as e:  # RuntimeError listing missing/unexpected keys and size mismatches
-        lines = [line.strip() for line in str(e).splitlines()[1:] if line.strip()] or [_first_line(e)]
-        problem = lines[0].replace("torch.Size(", "").replace("])", "]")[:200]
-        raise CheckpointError(
-            f"{where}: its weights do not fit the model it describes ({problem}); {retrain}"
-        ) from None
-    return model.to(device).eval(), tokenizer
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:160] if text else type(e).__name__

@@ -33,7 +33,7 @@ class Amp(Choice):
 
 
 class Kernels(Choice):
-    """The additive energy's kernels in training (nmt.compiled): eager (the default) never compiles; auto
+    """The additive energy's kernels in training (nmt.kernels.compiled): eager (the default) never compiles; auto
     compiles with torch.compile on a CPU with a C++ compiler, else eager; compiled insists."""
 
     auto = "auto"

@@ -22,7 +22,8 @@ from tqdm import tqdm
 from nmt.atomic import atomic_path
 from nmt.choices import Bucketing, TokenizerType, choice
 from nmt.corpora import Corpus, Pair
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from nmt.special import BOS_ID, EOS_ID, PAD_ID
+from nmt.tokenizer import Tokenizer, train_sentencepiece
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 1

@@ -13,10 +13,10 @@ all steps followed by attention over all steps; with query=previous and no input
 attention and LSTM, and W_c runs once over all steps after it, or, when the attention reads no query
 ("none"), one LSTM call over [y_{t-1}; c] for all steps: the same arithmetic, batched).
 
-The step loop runs the LSTM written out one step at a time (nmt.lstm: nn.LSTM's parameters and arithmetic,
+The step loop runs the LSTM written out one step at a time (nmt.kernels.lstm: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
 Where the compiled kernels run on a CPU, RNNsearch's loop (query=previous, no input feeding, one layer) runs
-as one autograd node instead (nmt.decoder_loop: the same arithmetic, without autograd at every step).
+as one autograd node instead (nmt.kernels.decoder_loop: the same arithmetic, without autograd at every step).
 On a batch sorted longest target first (the training sampler's order) the loop leaves each sentence once its
 target has ended: step t computes the sentences longer than t only (`active_rows`), and the positions after
 a sentence's end, which the loss skips, get zeros.
@@ -34,15 +34,15 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
-from nmt.decoder_loop import decoder_loop
 from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
-from nmt.energy import StepKeys
-from nmt.lstm import LayerParams, layer, layer_params, lstm_step
+from nmt.kernels.decoder_loop import decoder_loop
+from nmt.kernels.energy import StepKeys
+from nmt.kernels.lstm import LayerParams, layer, layer_params, lstm_step
+from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.shapes import linear_rows, padded_count
-from nmt.stepweight import StepMatrix, StepWeight
-from nmt.tokenizer import PAD_ID
+from nmt.special import PAD_ID
 
 
 class DecoderState(NamedTuple):
@@ -120,7 +120,7 @@ class Decoder(nn.Module):
     # ----------------------------------------------------------------------------------------- steps
     def step_params(self, device: torch.device) -> StepParams:
         """The parameters used at every step, arranged once per batch (and cast once, not once per step,
-        to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.lstm.layer_params)
+        to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.kernels.lstm.layer_params)
         and W_c."""
         dtype = autocast_dtype(device.type)
         return StepParams(
@@ -221,7 +221,9 @@ class Decoder(nn.Module):
         active = active_rows(tgt_in, multiple)  # rows computed at each step (B while no sentence has ended)
         x0_all = self._inputs(emb, params)  # (B, T, 4H)
         if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
-            loop = decoder_loop(self.attention, x0_all, state.h, state.c, keys, values, mask, params.layers, active)
+            loop = decoder_loop(
+                self.attention.additive_v(), x0_all, state.h, state.c, keys, values, mask, params.layers, active
+            )
             if loop is not None:
                 context, out, weights = loop  # (N, D), (N, H), (N, S)
                 attn_h = self._attentional(self.combine, context, out)  # (N, H)

@@ -15,7 +15,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.device import run_lstm
 from nmt.dropout import Dropout
-from nmt.tokenizer import PAD_ID
+from nmt.special import PAD_ID
 
 MAX_LENGTH_GROUPS = 8  # a CPU batch with more source lengths than this takes the packed LSTM (see _by_length)
 
@@ -73,7 +73,7 @@ class Encoder(nn.Module):
             packed_states, (h, c) = self.rnn(packed)
             states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=S)  # (B, S, D)
         # contiguous once here: the unpacked LSTM's batch_first output is a transposed (S, B, D) buffer, and a
-        # decoder step's kernel (nmt.attention_step) or search step would otherwise copy it at every step
+        # decoder step's kernel (nmt.kernels.attention_step) or search step would otherwise copy it at every step
         states = self.dropout(states.contiguous())
         return EncoderOutput(states, self._join(h), self._join(c), mask)
 

@@ -29,6 +29,13 @@ class ConfigError(NMTError, ValueError):
     """A configuration value is unknown or of the wrong type (a ValueError too, for library callers)."""
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (at most 160 characters), else its type's name: for messages
+    that quote a library's error in one line."""
+    text = str(e).strip()
+    return text.splitlines()[0][:160] if text else type(e).__name__
+
+
 @contextmanager
 def command_errors(prog: str) -> Iterator[None]:
     """The body of a command without Hydra (nmt-translate, nmt-serve): an NMTError becomes one line

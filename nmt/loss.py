@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from nmt.shapes import ROW_MULTIPLE, padded_count
-from nmt.tokenizer import PAD_ID
+from nmt.special import PAD_ID
 
 LOSS_ROW_MULTIPLE = ROW_MULTIPLE  # loss_rows: row counts rounded up to this (a few shapes rather than one per batch)
 LOSS_CHUNK_ROWS = 16  # target tokens per piece: an fp32 piece of the logits (512 KiB at 8k pieces) stays in cache

@@ -21,7 +21,7 @@ from nmt.decoder import Decoder, DecoderState
 from nmt.device import step_dtype
 from nmt.encoder import Encoder, EncoderOutput
 
-MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the code
+# A change after which a checkpoint's weights no longer fit this code bumps nmt.checkpoint.MODEL_VERSION.
 
 
 @dataclass

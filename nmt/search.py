@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from nmt.model import Seq2Seq
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.special import BOS_ID, EOS_ID, PAD_ID
 
 LSE_ROWS = 64  # rows of logits converted to fp32 at a time for the log-normaliser: a few hundred KiB
 DONE_SHARE = 0.25  # done sentences leave the beam search's batch once they are this share of it

@@ -1,12 +1,8 @@
 """SentencePiece subword tokenizers for the source and target side.
 
 The models are trained on the training split only and kept as bytes, so a checkpoint can carry
-them and nothing depends on a path. Special ids are fixed for every model this project trains:
-
-    PAD_ID = 0   padding, never attended to and ignored by the loss
-    UNK_ID = 1   unknown piece
-    BOS_ID = 2   start of a target sentence (decoder input only)
-    EOS_ID = 3   end of a sentence (appended to source and target)
+them and nothing depends on a path. The special ids (PAD_ID, UNK_ID, BOS_ID, EOS_ID) are fixed for every
+model this project trains; they live in nmt.special and are re-exported here.
 """
 
 from __future__ import annotations
@@ -16,7 +12,9 @@ from collections.abc import Iterable
 
 import sentencepiece as spm
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from nmt.special import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "train_sentencepiece"]
 
 
 def train_sentencepiece(

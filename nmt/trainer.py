@@ -33,10 +33,10 @@ from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, Schedule, choice
-from nmt.compiled import set_kernels
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
 from nmt.device import provenance, use_bf16
 from nmt.errors import CheckpointError, NMTError
+from nmt.kernels.compiled import set_kernels
 from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
@@ -160,7 +160,7 @@ class Trainer:
             config.bucketing,
         )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
-        self.kernels = set_kernels(config.kernels, self.device).value  # resolved (nmt.compiled)
+        self.kernels = set_kernels(config.kernels, self.device).value  # resolved (nmt.kernels.compiled)
         log.info("kernels: %s (trainer.kernels=%s)", self.kernels, config.kernels)
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0

@@ -25,7 +25,8 @@ from nmt.device import use_bf16
 from nmt.errors import ConfigError
 from nmt.model import Seq2Seq
 from nmt.search import search
-from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from nmt.special import EOS_ID, PAD_ID
+from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class Translator:
         cls, payload: dict, device: str | torch.device = "cpu", checkpoint: str | None = None, **decoding
     ) -> Translator:
         """From an already loaded checkpoint (nmt-evaluate also needs the payload's stored config)."""
-        from nmt.checkpoint import model_from_checkpoint
+        from nmt.restore import model_from_checkpoint
 
         model, tokenizer = model_from_checkpoint(payload, device, path=checkpoint)
         translator = cls(model, tokenizer, device, **decoding)

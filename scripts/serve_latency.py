@@ -93,7 +93,7 @@ def start(checkpoints: list[str], extra: list[str]) -> tuple[subprocess.Popen, s
 def pick_sentence(checkpoint: str, words: int) -> str:
     import torch
 
-    from nmt.serve_examples import corpus_test_sources
+    from nmt.serve.examples import corpus_test_sources
 
     found = corpus_test_sources(torch.load(checkpoint, weights_only=True), checkpoint)
     sentences = [s for s in (found[0] if found else []) if len(s.split()) == words]

@@ -40,7 +40,7 @@ def quick_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def torch_compiles() -> bool:
     """Whether torch.compile works on this machine (it needs a C++ compiler): the tests of the compiled
-    kernels (nmt.compiled) are skipped where it does not."""
+    kernels (nmt.kernels.compiled) are skipped where it does not."""
     try:
         torch.compile(lambda x: x.sigmoid() * 2, dynamic=True)(torch.randn(3))
     except Exception:  # no compiler, no Python headers: Inductor's errors have no common base
@@ -50,21 +50,21 @@ def torch_compiles() -> bool:
 
 @pytest.fixture
 def compiled(torch_compiles):
-    """The compiled kernels (nmt.compiled) for one test; skipped where this machine cannot compile (no C++
+    """The compiled kernels (nmt.kernels.compiled) for one test; skipped where this machine cannot compile (no C++
     compiler). The autouse fixture below sets eager kernels again after the test."""
     if not torch_compiles:
         pytest.skip("torch.compile does not work on this machine (no C++ compiler?)")
-    from nmt.compiled import set_kernels
+    from nmt.kernels.compiled import set_kernels
 
     set_kernels("compiled")
 
 
 @pytest.fixture(autouse=True)
 def eager_kernels_after_each_test():
-    """A Trainer chooses the process's kernels (nmt.compiled): put them back to eager after each test, so that
+    """A Trainer chooses the process's kernels (nmt.kernels.compiled): put them back to eager after each test, so that
     tests of the eager code never run compiled kernels a Trainer of an earlier test chose."""
     yield
-    from nmt.compiled import set_kernels
+    from nmt.kernels.compiled import set_kernels
 
     set_kernels("eager")
 

@@ -325,7 +325,7 @@ def test_memory_trace_records_every_step(tmp_path):
 
 def test_elementwise_benchmark_reports_every_kernel(tmp_path):
     """scripts/elementwise_benchmark.py: a row per thread count, dtype and kernel; the sigmoid form that
-    nmt.energy uses is within 1e-6 of fp64 tanh. Speeds are never asserted."""
+    nmt.kernels.energy uses is within 1e-6 of fp64 tanh. Speeds are never asserted."""
     out = tmp_path / "elementwise.json"
     cmd = [sys.executable, str(SCRIPT.parent / "elementwise_benchmark.py"), "--elements", "4096", "--threads", "1"]
     proc = subprocess.run([*cmd, "--seconds", "0.01", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)

@@ -34,9 +34,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.checkpoint import load_checkpoint
 from nmt.cli.common import compose_config, load_data
 from nmt.errors import CheckpointError
+from nmt.restore import model_from_checkpoint
 from nmt.translator import Translator
 
 BIN = Path(sys.executable).parent

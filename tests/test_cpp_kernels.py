@@ -1,20 +1,20 @@
-"""The hand-written C++ kernels of a decoder step (nmt/csrc) compute the plain forms' numbers and gradients:
-the additive attention's step (nmt.attention_step: scores v^T tanh(q + k), masked softmax, context) and the
-LSTM cell (nmt.lstm), alone and inside the decoder's loop."""
+"""The hand-written C++ kernels of a decoder step (nmt/kernels/csrc) compute the plain forms' numbers and gradients:
+the additive attention's step (nmt.kernels.attention_step: scores v^T tanh(q + k), masked softmax, context) and the
+LSTM cell (nmt.kernels.lstm), alone and inside the decoder's loop."""
 
 import pytest
 import torch
 
-import nmt.compiled as compiled_module
+import nmt.kernels.compiled as compiled_module
 from nmt.attention import AdditiveAttention
-from nmt.attention_step import RANGE, additive_step, factored_keys
-from nmt.compiled import set_kernels
-from nmt.energy import StepKeys
 from nmt.errors import ConfigError
+from nmt.kernels.attention_step import RANGE, additive_step, factored_keys
+from nmt.kernels.compiled import set_kernels
+from nmt.kernels.energy import StepKeys
+from nmt.kernels.lstm import lstm_cell
+from nmt.kernels.stepweight import StepMatrix
 from nmt.loss import token_loss
-from nmt.lstm import lstm_cell
 from nmt.model import ModelConfig, Seq2Seq
-from nmt.stepweight import StepMatrix
 from nmt.tokenizer import BOS_ID, PAD_ID
 
 
@@ -186,7 +186,7 @@ def test_the_step_runs_only_where_the_kernels_are_compiled(compiled):
 
 
 def test_a_failing_build_falls_back_to_the_torch_step_or_fails_when_insisted_on(monkeypatch, caplog):
-    """As a failed torch.compile (nmt.compiled): auto warns once and goes on with torch operations;
+    """As a failed torch.compile (nmt.kernels.compiled): auto warns once and goes on with torch operations;
     trainer.kernels=compiled is a ConfigError that names the fix."""
     from torch._inductor import codecache
 
@@ -295,7 +295,7 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compil
     import torch.nn.functional as F
 
     from nmt.device import native_bf16
-    from nmt.stepweight import StepWeight
+    from nmt.kernels.stepweight import StepWeight
 
     if dtype == torch.bfloat16 and not native_bf16("cpu"):
         pytest.skip("bf16 weights are packed only on a CPU with bf16 hardware")
@@ -320,7 +320,7 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compil
 def test_packing_turns_off_where_onednn_refuses(monkeypatch, compiled):
     """A torch whose oneDNN refuses the packing (or has moved the op): the plain products, for the rest of
     the process, and the same numbers."""
-    import nmt.stepweight as stepweight
+    import nmt.kernels.stepweight as stepweight
 
     def refuse(weight):
         raise RuntimeError("no packing here")

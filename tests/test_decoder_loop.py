@@ -1,12 +1,12 @@
-"""RNNsearch's teacher-forced loop as one autograd node (nmt.decoder_loop) gives the numbers and gradients of
+"""RNNsearch's teacher-forced loop as one autograd node (nmt.kernels.decoder_loop) gives the numbers and gradients of
 the same loop through autograd, step by step, and runs only where it applies."""
 
 import pytest
 import torch
 
 import nmt.decoder as decoder_module
-import nmt.decoder_loop as loop_module
-from nmt.compiled import set_kernels
+import nmt.kernels.decoder_loop as loop_module
+from nmt.kernels.compiled import set_kernels
 from nmt.loss import token_loss
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.tokenizer import BOS_ID, PAD_ID

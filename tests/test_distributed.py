@@ -1,6 +1,6 @@
 """DDP on CPU (gloo): two torchrun processes against one, DDP resume, launcher presets, the sampler's shards.
 
-The torchrun commands here are the ones the README's "Scaling out" section gives for CPU runs.
+The torchrun commands here are the ones docs/distributed.md gives for CPU runs.
 Each run is a few steps of the `quick` preset on a small corpus with one thread per process, so the file
 stays within about a minute and a half on two cores.
 """

@@ -1,13 +1,13 @@
-"""The fused additive energy (nmt.energy) computes the plain form's numbers and gradients."""
+"""The fused additive energy (nmt.kernels.energy) computes the plain form's numbers and gradients."""
 
 import pytest
 import torch
 
-import nmt.compiled as compiled_module
-import nmt.energy as energy
-from nmt.compiled import set_kernels
-from nmt.energy import additive_energy
+import nmt.kernels.compiled as compiled_module
+import nmt.kernels.energy as energy
 from nmt.errors import ConfigError
+from nmt.kernels.compiled import set_kernels
+from nmt.kernels.energy import additive_energy
 
 
 def plain(q, keys, v):
@@ -98,7 +98,7 @@ def test_step_keys_are_plain_keys_without_gradients():
         assert isinstance(energy.StepKeys.of(keys), torch.Tensor)
 
 
-# ------------------------------------------------------------------------------ compiled kernels (nmt.compiled)
+# ------------------------------------------------------------------------------ compiled kernels (nmt.kernels.compiled)
 
 
 @pytest.mark.parametrize("B,T,S,A", [(3, 1, 5, 7), (1, 1, 9, 16), (4, 6, 9, 8), (5, 1, 700, 600), (2, 3, 40, 32)])

@@ -37,10 +37,10 @@ from nmt.data import TokenizerSettings, collate
 from nmt.decoder import active_rows
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
+from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.loss import loss_rows, token_loss
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.shapes import linear_rows
-from nmt.stepweight import StepMatrix, StepWeight
 from nmt.tokenizer import BOS_ID, PAD_ID
 from nmt.trainer import OptimConfig, TrainerConfig
 
@@ -786,7 +786,8 @@ def test_linear_rows_is_the_linear_map_over_a_padded_row_count(bias):
 
 
 def test_a_step_weights_gradient_sums_over_a_padded_row_count():
-    """nmt.stepweight: 5 steps of 3 sentences are 15 rows; the one weight-gradient matmul sees 64 (nmt.shapes)."""
+    """nmt.kernels.stepweight: 5 steps of 3 sentences are 15 rows; the one weight-gradient matmul sees 64
+    (nmt.shapes)."""
     weight = torch.randn(12, 10, requires_grad=True)
     xs = torch.randn(5, 3, 10)
     step = StepWeight.of(weight, None)

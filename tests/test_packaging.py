@@ -44,9 +44,9 @@ def installed(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_configs_the_page_files_and_the_kernels(installed):
     probe = (
-        "import nmt, nmt.cli.common as c, pathlib, nmt.attention_step as a, nmt.lstm as l; print(nmt.__file__); "
-        "print(c.CONFIG_DIR); print((pathlib.Path(nmt.__file__).parent / 'static' / 'serve.js').is_file() "
-        "and a.SOURCE.is_file() and l.CELL_SOURCE.is_file())"
+        "import nmt, nmt.cli.common as c, nmt.serve.app as s, nmt.kernels.attention_step as a, nmt.kernels.lstm as l; "
+        "print(nmt.__file__); print(c.CONFIG_DIR); "
+        "print((s.STATIC_DIR / 'serve.js').is_file() and a.SOURCE.is_file() and l.CELL_SOURCE.is_file())"
     )
     out = subprocess.run(
         [str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True, cwd=installed.parent

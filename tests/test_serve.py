@@ -32,9 +32,9 @@ with warnings.catch_warnings():  # Starlette 1.10 prefers httpx2, which needs Py
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from nmt.serve import Limits, load_models, translate_all
-from nmt.serve_app import create_app
-from nmt.serve_examples import Examples, find_examples
+from nmt.serve.app import create_app
+from nmt.serve.examples import Examples, find_examples
+from nmt.serve.models import Limits, load_models, translate_all
 
 BIN = Path(sys.executable).parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("NMT_DEBUG", "HYDRA_FULL_ERROR")}

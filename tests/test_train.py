@@ -314,7 +314,7 @@ def test_verse_windows_train_and_resume_exactly(tmp_path, dress_as_chapters, rnn
     """With data.window > 1 every epoch trains on new windows; a run stopped after epoch 1 and resumed
     ends with the same weights and losses as one that was never stopped (fp32, one thread). Also for the
     study's RNNsearch (additive attention from the previous state, no input feeding) on the compiled kernels
-    of trainer.kernels=compiled (nmt.compiled), where this machine compiles."""
+    of trainer.kernels=compiled (nmt.kernels.compiled), where this machine compiles."""
     from nmt.corpora import load_synthetic
     from nmt.data import TokenizerSettings, prepare
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig

@@ -31,10 +31,11 @@ def default_output(checkpoint: Path) -> Path:
 
 
 def run(cfg: DictConfig) -> dict:
-    from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt.checkpoint import load_checkpoint
     from nmt.decoding import Decoding
     from nmt.evaluation import evaluate
     from nmt.metrics import check_edges
+    from nmt.restore import model_from_checkpoint
     from nmt.translator import Translator
 
     if OmegaConf.is_missing(cfg, "checkpoint"):

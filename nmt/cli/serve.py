@@ -4,7 +4,7 @@
     nmt-serve best.pt --port 0                                            # any free port (the URL is printed)
     curl -s localhost:8000/translate -d '{"text": "ein Test .", "beam": 5}'
 
-Loads every checkpoint once, then serves the page and its JSON API (nmt/serve_app.py) with uvicorn on
+Loads every checkpoint once, then serves the page and its JSON API (nmt/serve/app.py) with uvicorn on
 loopback. Free of Hydra, like nmt-translate; torch is imported only after the arguments are checked and
 the port is bound, so `--help` and a port in use are answered at once.
 """
@@ -150,9 +150,9 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from nmt.device import resolve_device
-    from nmt.serve import Limits, load_models, set_threads
-    from nmt.serve_app import create_app
-    from nmt.serve_examples import find_examples
+    from nmt.serve.app import create_app
+    from nmt.serve.examples import find_examples
+    from nmt.serve.models import Limits, load_models, set_threads
 
     set_threads(args.threads or max(1, (os.cpu_count() or 1) // len(args.checkpoints)))
     device = resolve_device(args.device, "--device ")

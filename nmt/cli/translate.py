@@ -153,9 +153,10 @@ def valid_text(text: str) -> str:
 
 
 def translate(args: argparse.Namespace) -> None:
-    from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt.checkpoint import load_checkpoint
     from nmt.device import resolve_device
     from nmt.errors import ConfigError
+    from nmt.restore import model_from_checkpoint
     from nmt.translator import Translator
 
     device = resolve_device(args.device, "--device ")

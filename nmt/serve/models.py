@@ -8,7 +8,7 @@ Each model has a lock: a model translates one request at a time, while different
 checkpoints of one request) may run side by side in threads. Inputs are bounded before any model runs:
 a text over `Limits.max_chars` characters is cut there, a source over `Limits.max_pieces` pieces is cut
 by the Translator to that many (EOS kept), and both cuts are reported as notes in the reply. Nothing here
-knows about HTTP (nmt/serve_app.py); the HTML page is drawn by nmt/serve_page.py.
+knows about HTTP (nmt/serve/app.py); the HTML page is drawn by nmt/serve/page.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.checkpoint import load_checkpoint
 from nmt.errors import NMTError
 from nmt.model import Seq2Seq
+from nmt.restore import model_from_checkpoint
 from nmt.tokenizer import Tokenizer
 from nmt.translator import Translator
 
@@ -170,7 +171,7 @@ def model_settings(payload: dict, model: Seq2Seq) -> dict:
 
 def load_models(paths: list[str], device: str = "cpu", amp: str = "auto") -> tuple[list[ServedModel], dict]:
     """Load every checkpoint (a CheckpointError names the file that cannot be used); also the first
-    checkpoint's payload, for the example sentences (nmt.serve_examples)."""
+    checkpoint's payload, for the example sentences (nmt.serve.examples)."""
     models: list[ServedModel] = []
     first: dict = {}
     for i, path in enumerate(paths):
@@ -217,7 +218,7 @@ def check_beam(beam: object, limits: Limits) -> int:
 
 
 def translate_all(models: list[ServedModel], text: str, beam: int, limits: Limits) -> dict:
-    """Every model's best translation of `text`, one after another (nmt.serve_app runs them side by side).
+    """Every model's best translation of `text`, one after another (nmt.serve.app runs them side by side).
 
     The reply: {"text": the text translated, "beam", "notes": [...], "truncated": bool, "results": [per
     model: model, label, checkpoint, hypothesis, src_pieces, tgt_pieces, weights, has_alignment, time, note]}.

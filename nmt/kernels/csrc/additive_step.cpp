@@ -1,4 +1,4 @@
-// One decoder step of the additive attention (nmt/attention_step.py), forward and backward, one sentence
+// One decoder step of the additive attention (nmt/kernels/attention_step.py), forward and backward, one sentence
 // (row b) at a time; rows are spread over the OpenMP threads torch runs with.
 //
 //   forward   e_s = v^T tanh(q + k_s) for the real positions s, a = softmax(e), context = sum_s a_s V_s

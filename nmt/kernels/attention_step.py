@@ -5,8 +5,8 @@ operations a step is a dozen calls forward (the energy's kernel, the mask, the s
 the values, ...) and as many backward, each with its own dispatch and autograd bookkeeping and its own pass
 over memory; windows of several verses take about three decoder steps for every one of single verses for the
 same number of target tokens (README "Long inputs"), so that cost per step is what keeps them slower.
-`nmt/csrc/additive_step.cpp` does a step's forward in one call, row by row: the scores v^T tanh(q + k_s) from
-sigmoids (as nmt.energy), the masked softmax and the context sum_s a_s V_s; and its backward in another: the
+`nmt/kernels/csrc/additive_step.cpp` does a step's forward in one call, row by row: the scores v^T tanh(q + k_s) from
+sigmoids (as nmt.kernels.energy), the masked softmax and the context sum_s a_s V_s; and its backward in another: the
 weights' gradient from the values, the softmax's backward, and the energy's (the sigmoids recomputed), adding
 the keys' share into StepKeys' sums and recording the values' (a_t, g_t) for StepMatrix's one bmm, as the
 torch path does. Its exp is torch's fast vector exp (at most 20 ulp); in a training loop, whose keys come
@@ -14,7 +14,7 @@ with exp(-2k) computed once a batch (`factored_keys`), each sigmoid is 1 / (1 + 
 with no exp per (position, element). The tests hold both to the fp64 plain form to 1e-5 of each tensor's
 largest value, like the compiled energy.
 
-It runs where the kernels are compiled (trainer.kernels, nmt.compiled: Inductor's C++ toolchain builds it,
+It runs where the kernels are compiled (trainer.kernels, nmt.kernels.compiled: Inductor's C++ toolchain builds it,
 a second or two once per machine) on a CPU, for one query step (T = 1) with fp32 or bf16 values; elsewhere
 `additive_step` returns None and the caller goes the torch way.
 
@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
-from nmt.energy import StepKeys
-from nmt.stepweight import StepMatrix
+from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.energy import StepKeys
+from nmt.kernels.stepweight import StepMatrix
 
 SOURCE = Path(__file__).parent / "csrc" / "additive_step.cpp"
 ARGTYPES = ["int64_t", "int64_t", *["uintptr_t"] * 13, *["int64_t"] * 4]

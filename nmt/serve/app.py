@@ -1,13 +1,13 @@
 """The ASGI application of nmt-serve (Starlette): the page, the JSON API and the static files.
 
-    app = create_app(models, examples, Limits())      # models from nmt.serve.load_models
+    app = create_app(models, examples, Limits())      # models from nmt.serve.models.load_models
     uvicorn.run(app)                                   # nmt/cli/serve.py binds the socket and runs it
 
 Routes:
-    GET  /             the page (nmt/serve_page.py); POST / is its form (text, beam, example)
+    GET  /             the page (nmt/serve/page.py); POST / is its form (text, beam, example)
     POST /translate    JSON {"text": str, "beam": int} -> every checkpoint's translation and attention
     GET  /api/models   the checkpoints' labels and settings, the limits and the example sentences
-    GET  /static/...   the page's stylesheet and script (nmt/static, shipped in the package)
+    GET  /static/...   the page's stylesheet and script (nmt/serve/static, shipped in the package)
 
 Every refusal is {"error": "..."} (the page shows it in a box) with a status: 400 bad input, 404/405 wrong
 path or method, 408 a body too slow to arrive, 413 a body over the limit, 503 busy or too slow, 500 a bug
@@ -35,9 +35,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from nmt.serve import Limits, RequestError, ServedModel, check_beam, clean_text, reply
-from nmt.serve_examples import Examples
-from nmt.serve_page import render_page
+from nmt.serve.examples import Examples
+from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
+from nmt.serve.page import render_page
 
 STATIC_DIR = Path(__file__).parent / "static"
 BODY_SECONDS = 10.0  # a request body must arrive within this

@@ -6,7 +6,7 @@
 The heatmap has the source pieces across the top, the output pieces down the side and a colour scale
 from 0 to 1. Every cell is a <rect class="cell"> carrying data-t, data-s and data-w (the weight, exactly
 as the JSON API gives it) and a <title> (the browser's tooltip: source piece, output piece, weight), so the
-page reads without JavaScript; nmt/static/serve.js adds a live tooltip and, on hovering an output piece,
+page reads without JavaScript; nmt/serve/static/serve.js adds a live tooltip and, on hovering an output piece,
 highlights the source pieces it attends to. All text from a request or a checkpoint is escaped.
 """
 
@@ -16,8 +16,8 @@ import json
 import unicodedata
 from html import escape
 
-from nmt.serve import Limits, ServedModel, short_path
-from nmt.serve_examples import Examples
+from nmt.serve.examples import Examples
+from nmt.serve.models import Limits, ServedModel, short_path
 
 # matplotlib's "Blues" (ColorBrewer), light = little weight, dark = much
 STOPS = ["#f7fbff", "#deebf7", "#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b"]

@@ -6,9 +6,9 @@
 Written out rather than calling nn.LSTM once per step: the embeddings' share of layer 0's input is projected
 for all steps in one matmul (x0 = W_x y + b, by the caller), the weights are cast once per batch under
 autocast, and the weights used at every step get their gradient in one matmul over all steps
-(nmt.stepweight). The arithmetic is nn.LSTM's (gates i, f, g, o), and checkpoints hold nn.LSTM's parameters.
-Where the compiled kernels run (trainer.kernels, nmt.compiled) on a CPU, a layer's elementwise part (the
-gates' sigmoids and tanhs, the new cell and output) is one C++ call each way (nmt/csrc/lstm_cell.cpp) instead of
+(nmt.kernels.stepweight). The arithmetic is nn.LSTM's (gates i, f, g, o), and checkpoints hold nn.LSTM's parameters.
+Where the compiled kernels run (trainer.kernels, nmt.kernels.compiled) on a CPU, a layer's elementwise part (the
+gates' sigmoids and tanhs, the new cell and output) is one C++ call each way (nmt/kernels/csrc/lstm_cell.cpp) instead of
 a dozen torch operations forward and twice as many backward: a decoder step pays each operation's fixed cost,
 and long inputs take more steps for the same tokens (README "Long inputs").
 Shapes: L layers, B batch, H hidden, E embedding.
@@ -22,8 +22,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from nmt.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
-from nmt.stepweight import StepWeight
+from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.stepweight import StepWeight
 
 CELL_SOURCE = Path(__file__).parent / "csrc" / "lstm_cell.cpp"
 CELL_ARGTYPES = ["int64_t", "int64_t", "uintptr_t", "int64_t", *["uintptr_t"] * 8, "int64_t", "int64_t"]
@@ -104,7 +104,7 @@ def _compiled_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor] |
 
 
 class _LSTMCell(torch.autograd.Function):
-    """lstm_cell through nmt/csrc/lstm_cell.cpp; the backward recomputes the gates from x0 + wx."""
+    """lstm_cell through nmt/kernels/csrc/lstm_cell.cpp; the backward recomputes the gates from x0 + wx."""
 
     @staticmethod
     def forward(ctx, x0: Tensor, wx: Tensor, c: Tensor, kernel) -> tuple[Tensor, Tensor]:

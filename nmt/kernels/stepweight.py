@@ -29,8 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt.choices import Kernels
-from nmt.compiled import is_in_torch_dispatch_mode, kernels
 from nmt.device import native_bf16
+from nmt.kernels.compiled import is_in_torch_dispatch_mode, kernels
 from nmt.shapes import pad_rows
 
 
@@ -54,7 +54,7 @@ class _Shared(torch.autograd.Function):
 
 def share(tensor: Tensor, total: Callable[[], Tensor | None]) -> Tensor:
     """`tensor` for the steps of a loop (an alias), whose gradient from those steps is `total()`, called once
-    after every step's backward (nmt.energy.StepKeys uses it too)."""
+    after every step's backward (nmt.kernels.energy.StepKeys uses it too)."""
     return _Shared.apply(tensor, total)
 
 
@@ -101,8 +101,8 @@ class Packed(NamedTuple):
     the cache W is read from memory at every step; oneDNN then also copies W into its blocked layout for each
     call. Packed once per batch (`pack`), a step reads the blocked copy only: on the AMD EPYC measured, 22 rows
     by a (1024, 512) weight took 162 instead of 210 us in bf16 and 265 instead of 390 in fp32 (README "Long
-    inputs"). Where the compiled kernels run (trainer.kernels, nmt.compiled), on a CPU, in fp32 or in bf16 on a CPU
-    with bf16 hardware; the products are the same up to the order of fp32 sums."""
+    inputs"). Where the compiled kernels run (trainer.kernels, nmt.kernels.compiled), on a CPU, in fp32 or in
+    bf16 on a CPU with bf16 hardware; the products are the same up to the order of fp32 sums."""
 
     forward: Tensor
     backward: Tensor

@@ -22,7 +22,7 @@ tanh' = 4 w with w = sigma (1 - sigma), so no pass turns the sigmoids into tanh 
 The elementwise work runs in fp32 whatever the autocast dtype: fp32 keeps the scores as exact as the
 unfused fp32 form (tested against it).
 
-Where a Trainer chose compiled kernels (trainer.kernels, nmt.compiled), the same arithmetic runs as loops
+Where a Trainer chose compiled kernels (trainer.kernels, nmt.kernels.compiled), the same arithmetic runs as loops
 that torch.compile generates (the end of this file): the forward reduces each sigmoid with v as it is
 computed, and a decoder step's backward adds its share of the keys' gradient inside the kernel, where the
 eager pieces make nine passes over their buffer. Both are tested against the plain form.
@@ -40,8 +40,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nmt.compiled import compiled
-from nmt.stepweight import StepWeight, share
+from nmt.kernels.compiled import compiled
+from nmt.kernels.stepweight import StepWeight, share
 
 CHUNK_ELEMENTS = 1 << 18  # elements of one piece's (rows, S, A) buffer: 1 MiB in fp32, within a core's L2
 
@@ -108,9 +108,9 @@ class _KeySums:
 class StepKeys(NamedTuple):
     """The additive attention's keys (B, S, A) for the steps of one batch: each step's backward adds its part
     of the keys' gradient into one buffer, in place, where autograd would form a (B, S, A) gradient per step
-    and add it up. `query`, when given, is the query projection W_s for those steps (nmt.stepweight: its
+    and add it up. `query`, when given, is the query projection W_s for those steps (nmt.kernels.stepweight: its
     gradient one matmul over all steps, where nn.Linear forms and adds a (A, Q) gradient per step);
-    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.attention_step.factored_keys)."""
+    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.kernels.attention_step.factored_keys)."""
 
     keys: Tensor
     sums: _KeySums
@@ -207,7 +207,7 @@ def _eager_gradients(grad, q, keys, v, grad_q, g_sigma, sums) -> None:
 
 
 # ---------------------------------------------------------------------------------- compiled kernels
-# The same arithmetic written for torch.compile (nmt.compiled), which turns each function into a few loops
+# The same arithmetic written for torch.compile (nmt.kernels.compiled), which turns each function into a few loops
 # that do every step per element: the forward never stores the sigmoids, the backward once. A decoder loop
 # calls the energy one step at a time (T = 1): its functions drop the T axis, so that the keys' sum over
 # steps is an in-place addition inside the kernel. Pieces of at most COMPILED_CHUNK_ELEMENTS bound what the
@@ -257,7 +257,7 @@ def _compiled_scores(scores: Tensor, q: Tensor, keys: Tensor, v: Tensor) -> bool
         return False
     for b0, b1, t0, t1 in _pieces(B, T, keys.size(1), A, COMPILED_CHUNK_ELEMENTS):
         piece = fn(q[b0:b1, 0], keys[b0:b1], v) if step else fn(q[b0:b1, t0:t1], keys[b0:b1], v)
-        if piece is None:  # compiling failed: the kernels are eager now (nmt.compiled)
+        if piece is None:  # compiling failed: the kernels are eager now (nmt.kernels.compiled)
             return False
         scores[b0:b1, t0:t1] = piece.view(b1 - b0, t1 - t0, -1)
     return True

@@ -1,4 +1,4 @@
-// The LSTM cell's elementwise part for one decoder step (nmt/lstm.py), forward and backward; the matmuls
+// The LSTM cell's elementwise part for one decoder step (nmt/kernels/lstm.py), forward and backward; the matmuls
 // stay torch's. Gates in nn.LSTM's order (i, f, g, o) from the pre-activations z = x0 + wx:
 //
 //   forward   c' = sigmoid(f) c + sigmoid(i) tanh(g),  h = sigmoid(o) tanh(c')

@@ -3,8 +3,8 @@
 A decoder step of RNNsearch (query = the previous state, no input feeding, one layer) is five calls:
 
     q_t = W_s s_{t-1}                                     the query projection (StepWeight)
-    c_t, a_t = attend(q_t, keys, values)                  one C++ kernel (nmt.attention_step)
-    s_t, cell_t = cell(x0_t + W_r [c_t; s_{t-1}], cell)   a matmul (StepWeight) and one C++ kernel (nmt.lstm)
+    c_t, a_t = attend(q_t, keys, values)                  one C++ kernel (nmt.kernels.attention_step)
+    s_t, cell_t = cell(x0_t + W_r [c_t; s_{t-1}], cell)   a matmul (StepWeight) and one C++ kernel (nmt.kernels.lstm)
 
 Through autograd each of them, and the views, casts and joins between them, is a node with its own
 bookkeeping: some two hundred dispatched operations a step, forward and backward, a cost per step whatever
@@ -16,7 +16,10 @@ formed the StepWeight / StepMatrix / StepKeys way (each step records its (input,
 over all steps after this node), so the arithmetic is the loop's, up to the order of a few sums (the state's
 gradient is added up in fp32 here, in the matmul dtype by autograd).
 
-    out = decoder_loop(attention, x0, h, c, keys, values, mask, layers, active)  # None: take the plain loop
+    out = decoder_loop(v, x0, h, c, keys, values, mask, layers, active)  # None: take the plain loop
+
+`v` is the additive attention's (Attention.additive_v: None for any other attention): the attention hands
+the loop what it needs, and the kernels never import the model.
 
 Shapes: B batch, T steps, S source length, A attention size, D value size, H hidden, N the rows of all steps
 (sum of `active`: step t computes the first active[t] sentences).
@@ -27,16 +30,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.attention import AdditiveAttention
-from nmt.attention_step import ARGTYPES, DTYPES, SOURCE
-from nmt.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
-from nmt.energy import StepKeys
-from nmt.lstm import CELL_ARGTYPES, CELL_SOURCE, LayerParams
-from nmt.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
+from nmt.kernels.attention_step import ARGTYPES, DTYPES, SOURCE
+from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.energy import StepKeys
+from nmt.kernels.lstm import CELL_ARGTYPES, CELL_SOURCE, LayerParams
+from nmt.kernels.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
 
 
 def decoder_loop(
-    attention,
+    v: Tensor | None,
     x0: Tensor,
     h: Tensor,
     c: Tensor,
@@ -47,11 +49,12 @@ def decoder_loop(
     active: list[int],
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """RNNsearch's steps from layer 0's input x0 (B, T, 4H) fp32 and the state h (1, B, H), c (1, B, H) fp32,
-    with the keys as StepKeys and the values as StepMatrix (AdditiveAttention.for_steps) -> (contexts (N, D),
-    outputs s_t (N, H), weights (N, S)), step after step; None where this does not apply (another attention or
-    layer count, no gradient, not a CPU, kernels not compiled, dtypes the kernels do not take)."""
+    with the additive energy's v (A,), the keys as StepKeys and the values as StepMatrix (AdditiveAttention's
+    additive_v and for_steps) -> (contexts (N, D), outputs s_t (N, H), weights (N, S)), step after step; None
+    where this does not apply (another attention (v None) or layer count, no gradient, not a CPU, kernels not
+    compiled, dtypes the kernels do not take)."""
     ok = (
-        isinstance(attention, AdditiveAttention)
+        v is not None
         and isinstance(keys, StepKeys)
         and isinstance(keys.query, StepWeight)
         and keys.query.steps is not None
@@ -83,7 +86,7 @@ def decoder_loop(
     step_kernel, cell_kernel = cpp_kernel(SOURCE, ARGTYPES), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)
     if step_kernel is None or cell_kernel is None:
         return None
-    v = attention.v.weight.view(-1).float().contiguous()
+    v = v.float().contiguous()
     plan = _Plan(keys, values, layers[0].w_r, mask.contiguous(), active, step_kernel, cell_kernel)
     return _Loop.apply(x0, h.squeeze(0).contiguous(), c.squeeze(0).contiguous(), keys.keys, v, matrix, w_s, w_r, plan)
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from nmt.tokenizer import EOS_ID, Tokenizer
+from nmt.special import EOS_ID
+from nmt.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
