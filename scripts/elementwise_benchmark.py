@@ -6,16 +6,16 @@ Nanoseconds per element of the elementwise kernels the additive attention could 
     python scripts/elementwise_benchmark.py --elements 1048576 --threads 1 2 --out tanh.json
 
 For each thread count and dtype (fp32, bf16) it times, in place on a buffer of --elements values (the default,
-2^18 fp32 values, is one of nmt.energy's 1 MiB pieces):
+2^18 fp32 values, is one of nmt.kernels.energy's 1 MiB pieces):
     tanh_              torch's tanh
-    sigmoid form       x.mul_(2).sigmoid_().mul_(2).sub_(1): tanh(x) = 2 sigmoid(2x) - 1 in full (nmt.energy
+    sigmoid form       x.mul_(2).sigmoid_().mul_(2).sub_(1): tanh(x) = 2 sigmoid(2x) - 1 in full (nmt.kernels.energy
                        computes sigmoid(2x) and folds the rest into its reductions, so it pays less than this)
     sigmoid_           torch's sigmoid alone
     exp_               torch's exp
     add                x + y into a third buffer (a plain memory-bound pass, for scale)
 and the largest difference of each fp32 form from fp64 tanh over standard normal values.
-nmt.energy uses the sigmoid because torch's CPU fp32 tanh kernel was about 7x slower than the whole sigmoid
-form on the one machine measured so far, the AMD EPYC (README, "Long inputs"); run this to see whether that
+nmt.kernels.energy uses the sigmoid because torch's CPU fp32 tanh kernel was about 7x slower than the whole sigmoid
+form on the one machine measured so far, the AMD EPYC (docs/performance.md, "Long inputs"); run this to see whether that
 holds on yours.
 """
 
