@@ -70,6 +70,14 @@ class Schedule(Choice):
     plateau = "plateau"
 
 
+class ResumeChanges(Choice):
+    """What resuming does when the run differs from its checkpoint in a setting an exact resume depends on
+    (nmt.resume): refuse (say which, and stop) or allow (continue, and record the changed keys)."""
+
+    refuse = "refuse"
+    allow = "allow"
+
+
 class TokenizerType(Choice):
     unigram = "unigram"
     bpe = "bpe"

@@ -69,6 +69,13 @@ class EncodedSplit:
     def state_dict(self) -> dict:
         return {"src": self.src, "tgt": self.tgt, "src_lengths": self.src_lengths, "tgt_lengths": self.tgt_lengths}
 
+    def fingerprint(self) -> str:
+        """sha256 (16 hex digits) of the ids and lengths: equal for equal encoded splits, whatever their source."""
+        h = hashlib.sha256()
+        for t in (self.src_lengths, self.tgt_lengths, self.src, self.tgt):
+            h.update(t.contiguous().numpy())
+        return h.hexdigest()[:16]
+
     @classmethod
     def from_state_dict(cls, d: dict) -> EncodedSplit:
         self = cls.__new__(cls)
@@ -89,6 +96,7 @@ class PreparedData:
     kept: dict[str, list[int]]  # split -> indices into corpus.splits[split] that were encoded
     dropped: dict[str, int]
     cache_dir: Path
+    max_length: int = DEFAULT_MAX_LENGTH  # the training pairs' limit they were filtered with
 
     def pairs(self, split: str) -> list[Pair]:
         """The text pairs of `split` in the order of `encoded[split]`."""
@@ -105,6 +113,23 @@ class PreparedData:
                 if n:
                     out[split] = n
         return out
+
+    def fingerprints(self) -> dict[str, object]:
+        """What training reads, for a checkpoint to compare on resume (nmt.resume): a fingerprint of each encoded
+        split (`corpus.<split>`), the windowing (`corpus.window`, and `corpus.train_chapters`: the chapters the
+        windows keep within, when there are windows and chapters) and both tokenizer models (`tokenizer.*`)."""
+        out: dict[str, object] = {f"corpus.{name}": split.fingerprint() for name, split in sorted(self.encoded.items())}
+        out["corpus.window"] = self.corpus.window
+        chapters = self.corpus.chapters.get("train") if self.corpus.window > 1 else None
+        kept = [chapters[i] for i in self.kept["train"]] if chapters else None
+        out["corpus.train_chapters"] = _sha16(json.dumps(kept)) if kept else None
+        return {**out, **tokenizer_fingerprints(self.tokenizer.src_model, self.tokenizer.tgt_model)}
+
+    def with_tokenizer(self, tokenizer: Tokenizer) -> PreparedData:
+        """The same corpus encoded with `tokenizer` (not cached): a resumed run keeps its checkpoint's tokenizer
+        rather than one trained again on disk (nmt.trainer.Trainer.restore)."""
+        encoded, kept, dropped = encode_splits(self.corpus, tokenizer, self.max_length)
+        return PreparedData(self.corpus, tokenizer, encoded, kept, dropped, self.cache_dir, self.max_length)
 
     def train_split(self, epoch: int, seed: int) -> EncodedSplit:
         """What epoch `epoch` trains on: the encoded training pairs, or (data.window = K > 1) windows of 1..K
@@ -139,6 +164,15 @@ def window_split(split: EncodedSplit, runs: list[list[int]], max_pairs: int, rng
     return EncodedSplit(src, tgt)
 
 
+def _sha16(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+
+
+def tokenizer_fingerprints(src_model: bytes, tgt_model: bytes) -> dict[str, str]:
+    """sha256 (16 hex digits) of both serialized SentencePiece models."""
+    return {"tokenizer.src_model": _sha16(src_model), "tokenizer.tgt_model": _sha16(tgt_model)}
+
+
 def corpus_key(corpus: Corpus, settings: TokenizerSettings, max_length: int) -> str:
     """A hash of every sentence and every setting that shapes the cache."""
     h = hashlib.sha256()
@@ -168,17 +202,33 @@ def prepare(
         tokenizer = Tokenizer(spm_src.read_bytes(), spm_tgt.read_bytes())
         blob = torch.load(enc_path, weights_only=True)
         encoded = {k: EncodedSplit.from_state_dict(v) for k, v in blob["encoded"].items()}
-        return PreparedData(corpus, tokenizer, encoded, blob["kept"], blob["dropped"], cache_dir)
+        return PreparedData(corpus, tokenizer, encoded, blob["kept"], blob["dropped"], cache_dir, max_length)
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=1 + len(corpus.splits), desc="prepare", unit="stage", disable=not progress)
     bar.set_postfix_str("training sentencepiece")
     tokenizer = train_tokenizer(corpus.splits["train"], settings)
     bar.update()
+    encoded, kept, dropped = encode_splits(corpus, tokenizer, max_length, bar)
+    bar.close()
+    for path, model in ((spm_src, tokenizer.src_model), (spm_tgt, tokenizer.tgt_model)):
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(model)
+    with atomic_path(enc_path) as tmp:
+        torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
+    return PreparedData(corpus, tokenizer, encoded, kept, dropped, cache_dir, max_length)
+
+
+def encode_splits(
+    corpus: Corpus, tokenizer: Tokenizer, max_length: int, bar: tqdm | None = None
+) -> tuple[dict[str, EncodedSplit], dict[str, list[int]], dict[str, int]]:
+    """(encoded splits, kept indices, dropped counts) of every split of `corpus` encoded with `tokenizer`;
+    training pairs with more than `max_length` pieces on either side are dropped."""
     encoded, kept = {}, {}
     dropped = dict(corpus.dropped)
     for split, pairs in corpus.splits.items():
-        bar.set_postfix_str(f"encoding {split}")
+        if bar is not None:
+            bar.set_postfix_str(f"encoding {split}")
         src = tokenizer.encode_src([s for s, _ in pairs])
         tgt = tokenizer.encode_tgt([t for _, t in pairs])
         keep = list(range(len(pairs)))
@@ -187,14 +237,9 @@ def prepare(
             dropped[f"longer than {max_length} pieces (train only)"] = len(pairs) - len(keep)
         encoded[split] = EncodedSplit([src[i] for i in keep], [tgt[i] for i in keep])
         kept[split] = keep
-        bar.update()
-    bar.close()
-    for path, model in ((spm_src, tokenizer.src_model), (spm_tgt, tokenizer.tgt_model)):
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(model)
-    with atomic_path(enc_path) as tmp:
-        torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
-    return PreparedData(corpus, tokenizer, encoded, kept, dropped, cache_dir)
+        if bar is not None:
+            bar.update()
+    return encoded, kept, dropped
 
 
 def train_tokenizer(train_pairs: list[Pair], settings: TokenizerSettings) -> Tokenizer:

@@ -8,9 +8,11 @@ told after every optimizer step and every validation, so they observe the loop w
 
 Resuming from `last.pt` replays exactly what an uninterrupted run would have done on the same CPU:
 the checkpoint holds the step, the epoch and the position in that epoch's batch order (which is a pure
-function of seed and epoch), and the optimizer, scheduler and RNG states. Ctrl-C / SIGTERM finish
-the current step, save `last.pt` and exit. Under DistributedDataParallel every rank trains on its
-share of each global batch; all ranks validate (identically) and only rank 0 writes files.
+function of seed and epoch), and the optimizer, scheduler and RNG states. It also records what exactness
+depends on (Trainer.facts: settings, corpus and tokenizer fingerprints, world size, torch, device); a resume
+whose run differs in any of these is refused or, with trainer.resume_changes=allow, recorded (nmt.resume).
+Ctrl-C / SIGTERM finish the current step, save `last.pt` and exit. Under DistributedDataParallel every rank
+trains on its share of each global batch; all ranks validate (identically) and only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -32,14 +34,16 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, Schedule, choice
-from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead
+from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
+from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead, tokenizer_fingerprints
 from nmt.device import provenance, use_bf16
-from nmt.errors import CheckpointError, NMTError
+from nmt.errors import NMTError
 from nmt.kernels.compiled import set_kernels
 from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
+from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds
+from nmt.tokenizer import Tokenizer
 from nmt.validation import evaluate_split
 
 log = logging.getLogger(__name__)
@@ -62,7 +66,12 @@ class TrainerConfig:
     best_metric: Metric = Metric.bleu  # bleu | chrf | loss | ppl
     log_every: int = 50
     threads: int | None = None  # CPU threads (None: torch's default)
+    # a checkpoint, a run directory (its checkpoints/last.pt), or auto (null too): this run directory's last.pt if any
     resume: str | None = None
+    # refuse | allow: resume although the run differs in a setting exactness depends on (nmt.resume; then recorded)
+    resume_changes: ResumeChanges = ResumeChanges.refuse
+    # nmt-train: start afresh in a run directory that holds checkpoints (deleting them) instead of refusing to
+    overwrite: bool = False
     heatmaps: int = 3  # validation sentences drawn to TensorBoard at every validation
     length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     max_bad_steps: int = 5  # consecutive non-finite losses before giving up
@@ -121,6 +130,7 @@ class Trainer:
             bucketing=choice(Bucketing, config.bucketing, "trainer.bucketing").value,
             amp=choice(Amp, config.amp, "trainer.amp").value,
             kernels=choice(Kernels, config.kernels, "trainer.kernels").value,
+            resume_changes=choice(ResumeChanges, config.resume_changes, "trainer.resume_changes").value,
         )
         optim = replace(
             optim,
@@ -173,6 +183,11 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.writer = None
         self._interrupted = False
+        self._fingerprints: dict | None = None  # self.data's (nmt.data.PreparedData.fingerprints), once computed
+        # every resume of this run: {step, checkpoint, changes {key: [old, new]}, breaks [keys], rank_seeds}
+        self.resumes: list[dict] = []
+        self.resumed_with_changes: list[str] = []  # the keys that broke exactness, allowed at some resume
+        self._resume_changes: list[Change] = []  # this process's resume's, for TensorBoard
 
     # ------------------------------------------------------------------------------------------ setup
     def _build_optimizer(self) -> torch.optim.Optimizer:
@@ -195,6 +210,33 @@ class Trainer:
             g["lr"] = lr
 
     # ------------------------------------------------------------------------------------ checkpoints
+    def facts(self, data: PreparedData | None = None) -> dict[str, object]:
+        """What an exact resume depends on, as dotted keys (nmt.resume): the settings (trainer, optim, seed, the
+        run config's other sections; model and attention as the model's config), the vocabulary sizes, world
+        size, torch, device kind, precision and kernels, and the fingerprints of `data` (default: this run's)."""
+        covered = ("trainer", "optim", "seed", "model", "attention")  # by the typed values below
+        tree = {
+            **{k: v for k, v in self.run_config.items() if k not in covered},
+            "trainer": {k: v for k, v in asdict(self.cfg).items() if k != "resume"},  # where from: self.resumes
+            "optim": asdict(self.optim_cfg),
+            "seed": self.seed,
+            "model": self.module.config.to_dict(),
+            "src_vocab": self.module.src_vocab,
+            "tgt_vocab": self.module.tgt_vocab,
+            "world_size": self.world_size,
+            "torch": str(torch.__version__),
+            "device_kind": self.device.type,
+            "precision": self.amp,
+            "kernels": self.kernels,
+        }
+        if data is None or data is self.data:
+            if self._fingerprints is None:
+                self._fingerprints = self.data.fingerprints()
+            fingerprints = self._fingerprints
+        else:
+            fingerprints = data.fingerprints()
+        return {**flatten(tree), **fingerprints}
+
     def state(self) -> dict:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
         if torch.cuda.is_available():
@@ -221,6 +263,9 @@ class Trainer:
             "rng": rng,
             "world_size": self.world_size,
             "window": {k: v for k, v in self.window.items() if k != "time"},
+            "exactness": self.facts(),
+            "resumes": self.resumes,
+            "resumed_with_changes": self.resumed_with_changes,
         }
 
     def save(self, name: str) -> Path | None:
@@ -237,15 +282,27 @@ class Trainer:
         return path
 
     def restore(self, path: str | Path) -> None:
+        """Continue from checkpoint `path`: refused (a CheckpointError naming every difference) when this run
+        differs from the one that wrote it in a way that breaks exactness, unless trainer.resume_changes=allow."""
         data = load_checkpoint(path)
-        ours = self.module.config.to_dict()
-        differ = sorted(k for k in ours if data["model_config"].get(k) != ours[k])
-        if differ or (data["src_vocab"], data["tgt_vocab"]) != (self.module.src_vocab, self.module.tgt_vocab):
-            what = ", ".join(f"model.{k}" for k in differ) or "the vocabulary sizes"
-            raise CheckpointError(
-                f"{path}: does not fit this run's model ({what} differ); resume with the settings "
-                "it was trained with (its run's .hydra/config.yaml) or use a new run directory"
+        prepared = self._encoded_with_tokenizer_of(data)
+        ours = self.data.tokenizer  # the facts of this run as it was asked for: the tokenizer on disk
+        now = {**self.facts(prepared), **tokenizer_fingerprints(ours.src_model, ours.tgt_model)}
+        changes = compare(self._saved_facts(path, data), now)
+        check(changes, self.cfg.resume_changes == ResumeChanges.allow, path)
+        breaks = [c.key for c in changes if c.kind is Kind.breaks]
+        if breaks:
+            log.warning(
+                "resuming with trainer.resume_changes=allow (recorded); this run differs from the checkpoint's "
+                "(checkpoint -> now) in %s",
+                describe(changes),
             )
+        elif changes:
+            log.info("resuming; this run differs from the checkpoint's (checkpoint -> now) in %s", describe(changes))
+        if prepared is not self.data:
+            log.warning("the tokenizer on disk differs from the checkpoint's: training goes on with the checkpoint's")
+            self.data, self._fingerprints, self._split_epoch = prepared, None, None
+            self.use_epoch(data["epoch"])
         self.module.load_state_dict(data["model"])
         self.optimizer.load_state_dict(data["optimizer"])
         for g, base in zip(self.optimizer.param_groups, data["base_lr"], strict=True):
@@ -256,22 +313,85 @@ class Trainer:
         self.elapsed, self.best = data["elapsed"], data["best"]
         self.bad_validations, self.history = data["bad_validations"], data["history"]
         self.window.update(data["window"])
+        seeds = self._restore_random_state(data)
+        self.resumed_with_changes = sorted({*data.get("resumed_with_changes", []), *breaks})
+        self.resumes = [
+            *data.get("resumes", []),
+            {
+                "step": self.step,
+                "checkpoint": str(path),
+                "changes": {c.key: [c.old, c.new] for c in changes},
+                "breaks": breaks,
+                "rank_seeds": seeds,
+            },
+        ]
+        self._resume_changes = changes
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_pos)
+
+    def _saved_facts(self, path: str | Path, data: dict) -> dict[str, object]:
+        """The facts checkpoint `data` recorded; for an older checkpoint, what it still tells (a warning)."""
+        if "exactness" in data:
+            return data["exactness"]
+        log.warning(
+            "%s: written before checkpoints recorded what an exact resume depends on (corpus fingerprints, "
+            "batching, seed, ...): exactness cannot be checked; only the model, the tokenizer and the number of "
+            "processes are compared",
+            path,
+        )
+        return {
+            **flatten({"model": data["model_config"]}),
+            "src_vocab": data["src_vocab"],
+            "tgt_vocab": data["tgt_vocab"],
+            "world_size": data.get("world_size", 1),
+            **tokenizer_fingerprints(data["spm_src"], data["spm_tgt"]),
+        }
+
+    def _encoded_with_tokenizer_of(self, data: dict) -> PreparedData:
+        """This run's data, encoded with checkpoint `data`'s tokenizer where the one on disk differs from it: the
+        checkpoint's tokenizer always wins (whether the difference may be resumed at all is nmt.resume's call).
+        Tokenizers of other vocabulary sizes do not fit the model: the data then stays as it is."""
+        ours = self.data.tokenizer
+        if (data["spm_src"], data["spm_tgt"]) == (ours.src_model, ours.tgt_model):
+            return self.data
+        theirs = Tokenizer(data["spm_src"], data["spm_tgt"])
+        if (theirs.src_vocab_size, theirs.tgt_vocab_size) != (ours.src_vocab_size, ours.tgt_vocab_size):
+            return self.data
+        log.info("the tokenizer on disk is not the checkpoint's: encoding the corpus with the checkpoint's")
+        return self.data.with_tokenizer(theirs)
+
+    def _restore_random_state(self, data: dict) -> list[int] | None:
+        """This rank's saved random state; on another number of processes than the checkpoint's (allowed by
+        then), a fresh seed for every rank instead (nmt.resume.rank_seeds), returned to be recorded."""
+        if data.get("world_size", 1) != self.world_size:
+            seeds = rank_seeds(self.seed, data["step"], self.world_size)
+            torch.manual_seed(seeds[self.rank])  # the CPU's and every GPU's generator
+            random.seed(seeds[self.rank])
+            log.warning(
+                "%d process(es) now, %d in the checkpoint: each rank seeded afresh (seeds %s, recorded)",
+                self.world_size,
+                data.get("world_size", 1),
+                seeds,
+            )
+            return seeds
         ranks = data.get("rng_ranks") or [data["rng"]]
         rng = ranks[self.rank] if len(ranks) == self.world_size else data["rng"]
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_pos)
+        return None
 
     # ------------------------------------------------------------------------------------------ loop
     def train(self) -> dict:
         for g in self.optimizer.param_groups:
             g.setdefault("base_lr", g["lr"])
-        if self.cfg.resume:
-            self.restore(self.cfg.resume)
+        resume = last_checkpoint(self.run_dir) if self.cfg.resume == "auto" else self.cfg.resume
+        if resume:
+            self.restore(resume)
         if self.is_main:
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            if self._resume_changes:
+                self.writer.add_text("resume", self._resume_text(), self.step)
         handlers = self._install_signal_handlers()
         try:
             reason = self._loop()
@@ -282,6 +402,17 @@ class Trainer:
         if self.writer:
             self.writer.close()
         return summary
+
+    def _resume_text(self) -> str:
+        """This resume's changes as a Markdown table, for TensorBoard's text tab."""
+        resume = self.resumes[-1]
+        rows = [f"| `{c.key}` | `{c.old}` | `{c.new}` | {c.kind.value} |" for c in self._resume_changes]
+        head = f"resumed at step {resume['step']} from `{resume['checkpoint']}`"
+        if resume["breaks"]:
+            head += f", with changes that break exactness (trainer.resume_changes=allow): {', '.join(resume['breaks'])}"
+        if resume["rank_seeds"]:
+            head += f"; each rank seeded afresh: {resume['rank_seeds']}"
+        return "\n".join([head, "", "| key | checkpoint | now | kind |", "|---|---|---|---|", *rows])
 
     def _install_signal_handlers(self) -> dict:
         def handler(signum, frame):

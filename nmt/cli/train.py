@@ -7,8 +7,11 @@
     torchrun --nproc_per_node=2 -m nmt.cli.train experiment=quick   # DistributedDataParallel
 
 The run directory (hydra.run.dir, default outputs/<date>/<time>) receives .hydra/, train.log, tensorboard/,
-checkpoints/{last,best}.pt, valid/*.hyp and metrics.json. Running again in the same directory, or with
-trainer.resume=<run dir or checkpoint>, continues where the last checkpoint left off.
+checkpoints/{last,best}.pt, valid/*.hyp and metrics.json. Running again in the same directory
+(trainer.resume=auto, the default), or with trainer.resume=<run dir or checkpoint>, continues where the last
+checkpoint left off, exactly or not at all (nmt.resume; trainer.resume_changes=allow goes on anyway, recorded).
+A run directory that holds checkpoints is never overwritten by a fresh run, or by another run resumed there,
+unless trainer.overwrite=true.
 """
 
 from __future__ import annotations
@@ -25,25 +28,62 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.cli.common import CONFIG_DIR, build_model_config, build_run, load_data, typed, user_errors
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
+from nmt.resume import last_checkpoint
 
 log = logging.getLogger("nmt.train")
 
 
-def resume_path(value: str | None, run_dir: Path) -> str | None:
-    """The checkpoint to resume from: trainer.resume (a checkpoint or a run dir), else this run dir's last.pt."""
-    if value:
+def resume_plan(value: str | None, run_dir: Path, overwrite: bool = False) -> tuple[str | None, list[Path]]:
+    """(the checkpoint to resume from, or None for a fresh run; what trainer.overwrite deletes first).
+
+    trainer.resume is auto (or null: the same), a run directory (its checkpoints/last.pt) or a checkpoint. auto
+    continues this run directory's checkpoints/last.pt where there is one. A fresh run, or a resume from another
+    run's checkpoint, in a run directory that already holds checkpoints would overwrite them: refused, unless
+    `overwrite`, which deletes this run directory's checkpoints, metrics.json, valid/ and tensorboard/ first.
+    """
+    source = None
+    if value not in (None, "auto"):
         p = Path(value)
+        source = value
         if p.is_dir():
             candidate = p / "checkpoints" / "last.pt"
             if not candidate.exists():
                 raise ConfigError(
                     f"trainer.resume={value}: no checkpoints/last.pt in that directory; "
-                    "pass a run directory of nmt-train or a .pt file"
+                    "pass a run directory of nmt-train, a .pt file, or auto (this run directory's last checkpoint)"
                 )
-            return str(candidate)
-        return value
-    last = run_dir / "checkpoints" / "last.pt"
-    return str(last) if last.exists() else None
+            source = str(candidate)
+    elif not overwrite and last_checkpoint(run_dir):
+        return str(last_checkpoint(run_dir)), []
+    held = sorted((run_dir / "checkpoints").glob("*.pt"))
+    if not held or (source is not None and run_dir.resolve() in Path(source).resolve().parents):
+        return source, []  # nothing to overwrite, or a checkpoint of this run directory's own run
+    names = ", ".join(p.name for p in held)
+    if not overwrite:
+        if source is None:
+            raise ConfigError(
+                f"{run_dir} holds checkpoints ({names}) but no checkpoints/last.pt, which a fresh run would "
+                "overwrite; continue from one with trainer.resume=<its path>, train in a fresh directory "
+                "(hydra.run.dir=...), or pass trainer.overwrite=true to delete them and start afresh"
+            )
+        raise ConfigError(
+            f"{run_dir} already holds checkpoints of its own run ({names}), which resuming {source} there would "
+            "overwrite; continue that run with trainer.resume=auto, resume the other one in a fresh directory "
+            "(hydra.run.dir=...), or pass trainer.overwrite=true to delete them first"
+        )
+    stale = [*held, run_dir / "metrics.json", run_dir / "valid", run_dir / "tensorboard"]
+    return source, [p for p in stale if p.exists()]
+
+
+def delete(paths: list[Path]) -> None:
+    """trainer.overwrite=true: remove a previous run's files (checkpoints, metrics.json, valid/, tensorboard/)."""
+    if paths:
+        log.warning("trainer.overwrite=true: deleting the previous run's %s", ", ".join(map(str, paths)))
+    for p in paths:
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def init_distributed(device: str) -> tuple[int, int, int]:
@@ -98,7 +138,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     data = load_data(cfg)
     if world > 1 and rank == 0:
         torch.distributed.barrier()
-    resume = resume_path(tcfg.resume, run_dir)
+    resume, stale = resume_plan(tcfg.resume, run_dir, tcfg.overwrite)
+    if rank == 0:
+        delete(stale)
     trainer = build_run(cfg, run_dir, device, data, resume, rank, world)
     mcfg = trainer.module.config
     log.info("corpus %s: %s", data.corpus.name, ", ".join(f"{k} {len(v):,}" for k, v in data.encoded.items()))

@@ -24,6 +24,8 @@ IGNORED_KEYS = (
     "data.db_path",
     "trainer.progress",
     "trainer.resume",
+    "trainer.resume_changes",  # the keys a resume changed are in the record (resumed_with_changes)
+    "trainer.overwrite",
     "trainer.threads",
     "trainer.log_every",
     "trainer.heatmaps",

@@ -8,11 +8,13 @@
 Run directories do not outlive a working session; records do, and every table, plot and test of a study is
 built from records alone, so records made on different days and machines combine. A record holds: the
 resolved training config; what trained it (commit, CPU, torch: `provenance`, from the checkpoint), when it
-ended, and what made the record; wall time, steps, epochs, the chosen checkpoint's validation score and
-step, the validation learning curve; the decoding settings; for the study's split and each of its windows
-`<split>_k<k>`: the detokenized hypotheses, the references (with their sha256), the source words and the
-window sizes; the split's resampling units (Bible chapters; else each pair is its own unit); the split's
-overlap with the training text; and one long input's attention weights.
+ended, and what made the record; the settings that broke exactness when it was resumed with
+trainer.resume_changes=allow (`resumed_with_changes`, nmt.resume; empty for an exact run); wall time, steps,
+epochs, the chosen checkpoint's validation score and step, the validation learning curve; the decoding
+settings; for the study's split and each of its windows `<split>_k<k>`: the detokenized hypotheses, the
+references (with their sha256), the source words and the window sizes; the split's resampling units (Bible
+chapters; else each pair is its own unit); the split's overlap with the training text; and one long input's
+attention weights.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
         "steps": info.step,
         "epochs": info.epoch,
         "finished": info.finished,
+        "resumed_with_changes": info.resumed_with_changes,  # [] unless resumed with trainer.resume_changes=allow
         "best": info.best,
         "learning_curve": learning_curve(info.history),
         "parameters": translator.model.num_parameters(),

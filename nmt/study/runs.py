@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -40,6 +40,8 @@ class RunInfo:
     best: dict  # {"metric", "value", "step"} of the checkpoint the study evaluates
     provenance: dict  # what trained it (commit, CPU, torch), {} for checkpoints older than the record
     trained_at: str  # when training ended (metrics.json, else the last checkpoint), UTC, e.g. 2026-12-04T05:43Z
+    # the settings that broke exactness when the run was resumed with trainer.resume_changes=allow (nmt.resume)
+    resumed_with_changes: list[str] = field(default_factory=list)
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -104,6 +106,9 @@ def read_run_dir(path: Path) -> RunInfo:
         except (OSError, ValueError):
             log.warning("%s: unreadable; using the checkpoint's step and epoch", metrics)
     chosen = best.get("best") or {}
+    changed = list(payload.get("resumed_with_changes") or best.get("resumed_with_changes") or [])
+    if changed:
+        log.warning("%s: resumed with changes that break exactness (%s); its record says so", path, ", ".join(changed))
     ended = (metrics if metrics.is_file() else last if last.is_file() else path / BEST).stat().st_mtime
     return RunInfo(
         path,
@@ -116,6 +121,7 @@ def read_run_dir(path: Path) -> RunInfo:
         {"metric": chosen.get("metric"), "value": chosen.get("value"), "step": best.get("step")},
         dict(best.get("provenance") or {}),
         datetime.fromtimestamp(ended, timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+        changed,
     )
 
 
