@@ -5,14 +5,19 @@ real browser (headless Chromium from Debian's `chromium` package, driven by Play
 
 Two tiny checkpoints of the quick preset are trained once (attention=luong and attention=none, sharing one
 data cache). The API runs in-process through Starlette's TestClient; concurrency, the start-up errors and
-the browser use real `nmt-serve` processes on 127.0.0.1.
+the browser use real `nmt-serve` processes on a loopback address (127.0.0.2: the Host check must hold there
+too). Idle and slow clients and every kind of refusal meet nmt-serve's own layers (the app and the connection
+layer, nmt/serve/connections.py) on 127.0.0.1 in a thread, with deadlines of a second or two.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 import re
+import selectors
 import signal
 import socket
 import subprocess
@@ -21,7 +26,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -32,7 +39,9 @@ with warnings.catch_warnings():  # Starlette 1.10 prefers httpx2, which needs Py
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from nmt.serve.app import create_app
+from nmt.cli.serve import bind, is_loopback
+from nmt.serve.app import HEADERS, create_app, host_allowed, parse_form
+from nmt.serve.connections import ConnectionLimits, make_server
 from nmt.serve.examples import Examples, find_examples
 from nmt.serve.models import Limits, load_models, translate_all
 
@@ -98,9 +107,10 @@ def post(client, body: bytes | str) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def server(ckpts):
-    """A real `nmt-serve` process on a free port of 127.0.0.1; yields its base URL."""
+    """A real `nmt-serve` process on a free port of 127.0.0.2 (a loopback address other than the default);
+    yields its base URL."""
     proc = subprocess.Popen(
-        [str(BIN / "nmt-serve"), *map(str, ckpts), "--port", "0", "--threads", "1"],
+        [str(BIN / "nmt-serve"), *map(str, ckpts), "--host", "127.0.0.2", "--port", "0", "--threads", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -116,6 +126,7 @@ def server(ckpts):
         found = re.search(r"serving \d+ checkpoints? on (http://\S+/)", line)
         url = found.group(1) if found else None
     assert url, "nmt-serve did not start:\n" + "".join(seen)
+    assert url.startswith("http://127.0.0.2:") and not any("warning" in line for line in seen), seen  # loopback
     threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining its output
     yield url
     proc.terminate()  # uvicorn shuts down gracefully, then ends by the signal it got
@@ -220,15 +231,34 @@ def test_odd_text_never_breaks_a_reply(client):
         assert len(r.json()["results"]) == 2
 
 
-def test_a_failing_model_is_a_500_and_the_server_goes_on(client, loaded, monkeypatch):
+def test_a_failing_model_is_a_500_that_names_a_logged_id_and_the_server_goes_on(client, loaded, monkeypatch, caplog):
     def broken(*args):
-        raise RuntimeError("boom")
+        raise RuntimeError("secret detail boom")
 
     monkeypatch.setattr(loaded[0][1], "translate", broken)
-    r = post(client, json.dumps({"text": SENTENCE}))
-    assert r.status_code == 500 and "internal error (RuntimeError: boom)" in r.json()["error"]
+    with caplog.at_level(logging.ERROR, logger="nmt.serve.app"):
+        r = post(client, json.dumps({"text": SENTENCE}))
+        page = client.post("/", data={"text": SENTENCE, "beam": "1"})
+    assert r.status_code == 500 and page.status_code == 500
+    for said in (r.json()["error"], page.text):
+        assert "secret" not in said and "RuntimeError" not in said
+    ids = [re.search(r"internal error \(id ([0-9a-f]{8})\)", said).group(1) for said in (r.json()["error"], page.text)]
+    logged = [rec for rec in caplog.records if rec.name == "nmt.serve.app"]
+    assert [rec.getMessage() for rec in logged] == [
+        f"internal error {ids[0]} in POST /translate",
+        f"internal error {ids[1]} in POST /",
+    ]
+    assert all("secret detail boom" in caplog.text and rec.exc_info for rec in logged)  # the traceback is logged
     monkeypatch.undo()
     assert post(client, json.dumps({"text": SENTENCE})).status_code == 200
+
+
+def test_form_bodies_are_utf_8_whether_percent_encoded_or_not(client):
+    raw = "text=größe+raka&beam=1".encode()
+    assert parse_form(raw) == parse_form(b"text=gr%C3%B6%C3%9Fe+raka&beam=1") == {"text": "größe raka", "beam": "1"}
+    assert parse_form(b"text=caf\xe9") == {"text": "caf\ufffd"}  # not UTF-8: U+FFFD, as nmt-translate reads it
+    html = client.post("/", content=raw, headers={"Content-Type": "application/x-www-form-urlencoded"}).text
+    assert ">größe raka</textarea>" in html
 
 
 def test_slow_requests_time_out_and_a_full_queue_says_busy(loaded, monkeypatch):
@@ -304,8 +334,42 @@ def test_concurrent_requests_each_get_their_own_answer(server):
 
 
 def test_only_loopback_host_names_are_served(server):
-    assert httpx.get(server + "api/models").status_code == 200
-    assert httpx.get(server + "api/models", headers={"Host": "evil.example"}).status_code == 400
+    port = server.rsplit(":", 1)[1].strip("/")
+    for host in (f"127.0.0.2:{port}", f"localhost:{port}", f"127.0.0.1:{port}", "[::1]"):
+        assert httpx.get(server + "api/models", headers={"Host": host}).status_code == 200, host
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.2.evil.example", "10.0.0.1"):
+        r = httpx.get(server + "api/models", headers={"Host": host})
+        assert_refusal(r.status_code, r.headers, r.text, 400, f"DNS rebinding); open {server}")
+
+
+HOSTS = [
+    ("127.0.0.1:8000", True),
+    ("127.0.0.2", True),
+    ("127.255.0.9:80", True),
+    ("[::1]:8000", True),
+    ("::1", True),
+    ("localhost", True),
+    ("LocalHost.:8000", True),
+    ("app.localhost", True),
+    ("myname:8000", True),  # --host myname (it resolved to loopback)
+    ("evil.example", False),
+    ("127.0.0.1.evil.example", False),
+    ("localhost.evil.example", False),
+    ("10.0.0.1", False),
+    ("[::2]", False),
+    ("", False),
+]
+
+
+@pytest.mark.parametrize(("host", "allowed"), HOSTS)
+def test_the_host_check_goes_by_address_and_never_resolves_the_header(host, allowed):
+    assert host_allowed(host, frozenset({"myname"})) is allowed
+
+
+def test_loopback_is_decided_by_the_address_the_host_resolves_to():
+    for host, loopback in (("127.0.0.2", True), ("localhost", True), ("0.0.0.0", False)):
+        with bind(host, 0) as sock:
+            assert is_loopback(sock) is loopback, host
 
 
 def serve_fails(*args: str) -> subprocess.CompletedProcess:
@@ -333,6 +397,7 @@ def test_start_up_errors_are_one_line(ckpts, tmp_path):
     assert bad.returncode == 2 and "--port 70000" in bad.stderr
     helped = subprocess.run([str(BIN / "nmt-serve"), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "POST /translate" in helped.stdout and "--max-pieces" in helped.stdout
+    assert all(f"--{option}" in helped.stdout for option in ("read-timeout", "idle-timeout", "max-connections"))
 
 
 @pytest.mark.skipif(
@@ -382,3 +447,187 @@ def test_the_page_in_a_real_browser(server, tmp_path):
         finally:
             browser.close()
     assert outside == [] and errors == []
+
+
+# ------------------------------------------------------------------------------ idle and slow clients, refusals
+@contextmanager
+def real_server(loaded, limits: Limits = LIMITS, **connections) -> Iterator[tuple[str, int, object]]:
+    """nmt-serve's layers (the app with the Host check of a loopback server, the connection layer with
+    ConnectionLimits(**connections)) on a free port of 127.0.0.1, in a thread; yields (URL, port, uvicorn server)."""
+    models, examples = loaded
+    server = make_server(create_app(models, examples, limits, allowed_hosts=[]), ConnectionLimits(**connections))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started
+    try:
+        yield f"http://127.0.0.1:{port}/", port, server
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def open_sending(port: int, data: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    if data:
+        sock.sendall(data)
+    return sock
+
+
+def until_closed(socks: list[socket.socket], limit: float) -> dict[socket.socket, tuple[float, bytes]]:
+    """For each socket, (seconds from now until the server closed it, all it sent); fails after `limit` s."""
+    start, got, done = time.monotonic(), {s: b"" for s in socks}, {}
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            sel.register(s, selectors.EVENT_READ)
+        while len(done) < len(socks) and time.monotonic() - start < limit:
+            for key, _ in sel.select(timeout=0.05):
+                s = key.fileobj
+                try:
+                    data = s.recv(65536)
+                except OSError:
+                    data = b""
+                got[s] += data
+                if not data:
+                    done[s] = (time.monotonic() - start, got[s])
+                    sel.unregister(s)
+    assert len(done) == len(socks), f"{len(socks) - len(done)} connections still open after {limit} s"
+    return done
+
+
+def parse_reply(raw: bytes) -> tuple[int, dict[str, str], str]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body.decode()
+
+
+def assert_refusal(status: int, headers, body: str, expected: int, says: str) -> None:
+    """The documented refusal: {"error": ...} as application/json, with the page's security headers."""
+    assert status == expected, body
+    assert headers["content-type"] == "application/json"
+    assert all(headers[name.lower()] == value for name, value in HEADERS.items()), headers
+    assert says in json.loads(body)["error"], body
+
+
+def raw_refusal(port: int, data: bytes, expected: int, says: str, within: float = 5) -> float:
+    """Send `data` on a new connection: the server answers `expected` in JSON and closes; returns the seconds."""
+    with open_sending(port, data) as sock:
+        seconds, raw = until_closed([sock], within)[sock]
+    assert_refusal(*parse_reply(raw), expected, says)
+    assert parse_reply(raw)[1]["connection"] == "close"
+    return seconds
+
+
+def test_idle_and_half_sent_connections_do_not_lock_others_out(loaded):
+    idle_s, read_s = 1.5, 2.5
+    with real_server(loaded, idle_timeout=idle_s, read_timeout=read_s, max_connections=200) as (url, port, server):
+        idle = [open_sending(port) for _ in range(100)]
+        half = [open_sending(port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-") for _ in range(20)]
+        opened = time.monotonic()
+        r = httpx.get(url + "api/models", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - opened < 1
+        r = httpx.post(url + "translate", json={"text": SENTENCE}, timeout=10)
+        assert r.status_code == 200 and len(r.json()["results"]) == 2
+        assert len(server.server_state.connections) >= 120  # they were all open meanwhile
+        waited = time.monotonic() - opened
+        closed = until_closed(idle + half, read_s + 3)
+    for s in idle:  # closed in silence at the idle deadline
+        seconds, said = closed[s]
+        assert said == b"" and idle_s - 0.3 <= waited + seconds <= idle_s + 1.5
+        s.close()
+    for s in half:  # 408 at the read deadline, from the first byte
+        seconds, said = closed[s]
+        assert read_s - 0.3 <= waited + seconds <= read_s + 1.5
+        assert_refusal(*parse_reply(said), 408, f"took longer than {read_s:g} s to arrive")
+        s.close()
+
+
+def test_past_max_connections_the_longest_idle_are_closed_and_requests_in_progress_kept(loaded, monkeypatch):
+    models = loaded[0]
+    original = models[0].translate
+    monkeypatch.setattr(models[0], "translate", lambda *a: (time.sleep(0.8), original(*a))[1])
+    with real_server(loaded, max_connections=20, idle_timeout=10, read_timeout=10) as (url, port, server):
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(httpx.post, url + "translate", json={"text": SENTENCE}, timeout=10)
+            while not server.server_state.tasks:  # the slow request is in progress
+                time.sleep(0.01)
+            idle = [open_sending(port) for _ in range(40)]
+            time.sleep(0.2)
+            live = [c for c in server.server_state.connections if not c.transport.is_closing()]
+            assert len(live) <= 20
+            closed = until_closed(idle[:20], 2)  # the oldest went at once, long before their idle deadline
+            assert all(said == b"" and seconds < 2 for seconds, said in closed.values())
+            assert slow.result().status_code == 200
+            r = httpx.get(url + "api/models", timeout=5)
+            assert r.status_code == 200
+        for s in idle:
+            s.close()
+
+
+def test_a_reply_the_client_does_not_read_is_dropped_after_the_read_timeout(loaded):
+    with real_server(loaded, read_timeout=0.5, idle_timeout=10) as (url, port, server):
+        with open_sending(port) as sock:
+            while not server.server_state.connections:
+                time.sleep(0.01)
+            (protocol,) = server.server_state.connections
+            protocol.loop.call_soon_threadsafe(protocol.pause_writing)  # as when the client's buffers are full
+            seconds, _ = until_closed([sock], 3)[sock]
+        assert 0.3 < seconds < 1.5 and not server.server_state.connections
+
+
+def test_every_refusal_is_json_with_the_security_headers(loaded, monkeypatch, caplog):
+    slow_app = dataclasses.replace(LIMITS, read_timeout=0.5)  # the app's own body deadline comes first here
+    with real_server(loaded, slow_app, read_timeout=1.5, idle_timeout=5) as (url, port, server):
+        r = httpx.get(url + "api/models", headers={"Host": "evil.example"})
+        assert_refusal(r.status_code, r.headers, r.text, 400, "DNS rebinding")
+        r = httpx.get(url + "no/such/page")
+        assert_refusal(r.status_code, r.headers, r.text, 404, "no such path /no/such/page")
+        r = httpx.get(url + "translate")
+        assert_refusal(r.status_code, r.headers, r.text, 405, "POST /translate")
+        assert r.headers.get("connection") != "close"
+        raw_refusal(port, b"GARBAGE\r\n\r\n", 400, "malformed HTTP request")
+        raw_refusal(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 20000, 431, "over 16,384 bytes")
+        post = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n"
+        raw_refusal(port, post % 9000 + b"{", 413, "over the limit of 8,192")  # and closed: the rest is not read
+        # 408 from the connection layer (headers not in after 1.5 s), and from the app (a body not in after 0.5 s);
+        # both close the connection, so nothing more is read from it
+        assert 1.3 < raw_refusal(port, b"GET / HTTP/1.1\r\nHost: 127.0.0.1", 408, "longer than 1.5 s") < 3
+        assert 0.3 < raw_refusal(port, post % 40 + b'{"text": ', 408, "longer than 0.5 s") < 1.3
+        # 500: an id, logged with the traceback; never the exception's text
+        monkeypatch.setattr(loaded[0][0], "translate", lambda *a: 1 / 0)
+        with caplog.at_level(logging.ERROR, logger="nmt.serve.app"):
+            r = httpx.post(url + "translate", json={"text": SENTENCE})
+        assert_refusal(r.status_code, r.headers, r.text, 500, "internal error (id ")
+        assert "division" not in r.text and "ZeroDivisionError" not in r.text
+        ident = re.search(r"id ([0-9a-f]{8})", r.text).group(1)
+        assert f"internal error {ident} in POST /translate" in caplog.text and "ZeroDivisionError" in caplog.text
+        monkeypatch.undo()
+        assert httpx.post(url + "translate", json={"text": SENTENCE}).status_code == 200
+
+    # 503: past max_active requests in progress (the app), and with every connection holding one (the layer)
+    original = loaded[0][0].translate
+    monkeypatch.setattr(loaded[0][0], "translate", lambda *a: (time.sleep(0.6), original(*a))[1])
+    with ThreadPoolExecutor(2) as pool:
+        with real_server(loaded, dataclasses.replace(LIMITS, max_active=1)) as (url, port, server):
+            slow = pool.submit(httpx.post, url + "translate", json={"text": SENTENCE}, timeout=10)
+            while not server.server_state.tasks:
+                time.sleep(0.01)
+            time.sleep(0.1)
+            r = httpx.post(url + "translate", json={"text": SENTENCE}, timeout=5)
+            assert_refusal(r.status_code, r.headers, r.text, 503, "busy: 1 requests are in progress")
+            assert slow.result().status_code == 200
+        with real_server(loaded, max_connections=2) as (url, port, server):
+            slow = [pool.submit(httpx.post, url + "translate", json={"text": SENTENCE}, timeout=10) for _ in range(2)]
+            while len(server.server_state.tasks) < 2:
+                time.sleep(0.01)
+            time.sleep(0.1)
+            raw_refusal(port, b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 503, "too many connections")
+            assert [s.result().status_code for s in slow] == [200, 200]

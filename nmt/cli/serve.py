@@ -5,14 +5,16 @@
     curl -s localhost:8000/translate -d '{"text": "ein Test .", "beam": 5}'
 
 Loads every checkpoint once, then serves the page and its JSON API (nmt/serve/app.py) with uvicorn on
-loopback. Free of Hydra, like nmt-translate; torch is imported only after the arguments are checked and
-the port is bound, so `--help` and a port in use are answered at once.
+loopback, behind deadlines and a connection cap for idle and slow clients (nmt/serve/connections.py). Free
+of Hydra, like nmt-translate; torch is imported only after the arguments are checked and the port is bound,
+so `--help` and a port in use are answered at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -29,19 +31,25 @@ the JSON API (also usable without the page):
                     {"label", "checkpoint", "hypothesis", "src_pieces", "tgt_pieces", "weights",
                      "has_alignment", "time", "note"}, ...]}      (one result per checkpoint, in order)
   GET  /api/models  the checkpoints' labels and settings, the limits, the example sentences
-  Errors are {"error": "..."} with status 400 (bad input), 413 (body too large), 503 (busy or too slow).
+  Every refusal is {"error": "..."} with status 400 (bad input, a foreign Host header, malformed HTTP),
+  404/405 (wrong path or method), 408 (too slow to arrive), 413 (body too large), 431 (headers too large),
+  503 (busy or too slow) or 500 (a bug: the reply names an id, the server log has it with the traceback).
 
 limits:
   a text over --max-chars characters, or over --max-pieces source pieces, is cut there and the reply
   says so; a request waits at most --timeout seconds. Each checkpoint translates one request at a time
   (its own worker thread); the checkpoints of one request run side by side.
+  Slow and idle clients: a request must arrive whole (headers and body) within --read-timeout seconds of
+  its first byte (else 408, and the connection is closed); a connection that sends nothing for
+  --idle-timeout seconds is closed; past --max-connections open connections the longest-idle one is
+  closed; at most --max-active requests are in progress at once (more get 503). Idle connections never
+  count against --max-active.
 
 examples:
   nmt-serve outputs/none/checkpoints/best.pt outputs/luong/checkpoints/best.pt
   nmt-serve run/checkpoints/best.pt --port 8080 --threads 2
   nmt-serve run/checkpoints/best.pt --host 0.0.0.0    # reachable from other machines: no authentication!
 """
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -99,16 +107,75 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="S",
         help="seconds a request may take, waiting included, before a 503 (default 60)",
     )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a request's headers and body may take to arrive, from its first byte; later: 408 and the "
+        "connection is closed (default 10)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds a connection may send nothing (after it opens, or between requests) before it is closed "
+        "(default 5)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="open connections; past it the longest-idle one (no request in progress) is closed (default 256)",
+    )
+    p.add_argument(
+        "--max-active",
+        type=int,
+        default=64,
+        metavar="N",
+        help="requests in progress at once, any path (a request counts once it has arrived whole); more are "
+        "answered 503 (default 64)",
+    )
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port {args.port}: use a port from 1 to 65535, or 0 for any free port")
-    for name, low in (("threads", 1), ("max_chars", 1), ("max_pieces", 2)):
+    for name, low in (("threads", 1), ("max_chars", 1), ("max_pieces", 2), ("max_connections", 2), ("max_active", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}")
-    if args.timeout <= 0:
-        p.error("--timeout must be positive")
+    for name in ("timeout", "read_timeout", "idle_timeout"):
+        if getattr(args, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
     return args
+
+
+def is_loopback(sock: socket.socket) -> bool:
+    """Whether the socket is bound to a loopback address (127.0.0.0/8, ::1): decided by the address the host
+    resolved to, so 127.0.0.2 and any name of this machine's loopback count, and 0.0.0.0 does not."""
+    address = sock.getsockname()[0].partition("%")[0]
+    return ipaddress.ip_address(address).is_loopback
+
+
+def enough_files(connections: int) -> int:
+    """The connections the process can hold open: raises its open-file limit to `connections` plus room for
+    checkpoints, libraries and logs where the hard limit allows, else returns fewer."""
+    try:
+        import resource
+    except ImportError:  # not on Linux/macOS: nothing to raise
+        return connections
+    room = 128
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + room
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return connections if soft == resource.RLIM_INFINITY else max(2, min(connections, soft - room))
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -147,10 +214,9 @@ def bind(host: str, port: int) -> socket.socket:
 def serve(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     sock = bind(args.host, args.port)
-    import uvicorn
-
     from nmt.device import resolve_device
     from nmt.serve.app import create_app
+    from nmt.serve.connections import ConnectionLimits, make_server
     from nmt.serve.examples import find_examples
     from nmt.serve.models import Limits, load_models, set_threads
 
@@ -160,26 +226,36 @@ def serve(args: argparse.Namespace) -> None:
     examples = find_examples(first, args.checkpoints[0])
     for m in models:
         print(f"nmt-serve: {m.path}: {m.label}, {m.settings['parameters']:,} parameters", flush=True)
-    limits = Limits(max_chars=args.max_chars, max_pieces=args.max_pieces, timeout=args.timeout)
-    loopback = args.host in LOOPBACK
-    allowed = [*LOOPBACK, "[::1]"] if loopback else None
-    app = create_app(models, examples, limits, allowed_hosts=allowed)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        timeout_keep_alive=5,
-        limit_concurrency=64,
-        timeout_graceful_shutdown=5,
+    limits = Limits(
+        max_chars=args.max_chars,
+        max_pieces=args.max_pieces,
+        timeout=args.timeout,
+        max_active=args.max_active,
+        read_timeout=args.read_timeout,
     )
-    sock.listen(128)
+    loopback = is_loopback(sock)
+    # on loopback: only Host headers naming localhost, a loopback address or --host as given (DNS rebinding)
+    app = create_app(models, examples, limits, allowed_hosts=[args.host] if loopback else None)
+    max_connections = enough_files(args.max_connections)
+    if max_connections < args.max_connections:
+        print(
+            f"nmt-serve: warning: --max-connections {args.max_connections}: the open-file limit allows "
+            f"{max_connections}; raise it (ulimit -n) for more",
+            file=sys.stderr,
+            flush=True,
+        )
+    connections = ConnectionLimits(
+        read_timeout=args.read_timeout, idle_timeout=args.idle_timeout, max_connections=max_connections
+    )
+    server = make_server(app, connections)
+    sock.listen(1024)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if not loopback:
+        where = args.host if args.host == host else f"{args.host} ({host})"
         print(
-            f"nmt-serve: warning: listening on {args.host}: anyone who can reach this machine can use the "
-            "server (there is no authentication)",
+            f"nmt-serve: warning: listening on {where}: anyone who can reach this machine can use the server "
+            "(there is no authentication)",
             file=sys.stderr,
             flush=True,
         )
@@ -188,7 +264,7 @@ def serve(args: argparse.Namespace) -> None:
         f"(ready in {time.perf_counter() - started:.1f} s; Ctrl-C stops)",
         flush=True,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    server.run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,38 +9,44 @@ Routes:
     GET  /api/models   the checkpoints' labels and settings, the limits and the example sentences
     GET  /static/...   the page's stylesheet and script (nmt/serve/static, shipped in the package)
 
-Every refusal is {"error": "..."} (the page shows it in a box) with a status: 400 bad input, 404/405 wrong
-path or method, 408 a body too slow to arrive, 413 a body over the limit, 503 busy or too slow, 500 a bug
-(logged; the server keeps serving). The model calls run in the threadpool, one per checkpoint, side by
-side; each checkpoint's lock keeps it to one request at a time, so concurrent requests never mix.
+Every refusal is {"error": "..."} (the page shows it in a box) with the security headers (HEADERS) and a
+status: 400 bad input or a foreign Host header, 404/405 wrong path or method, 408 a body too slow to arrive,
+413 a body over the limit (both close the connection), 503 busy or too slow, 500 a bug: the reply names an id,
+the server log has the id with the traceback, the client never sees the exception's text; the server keeps
+serving. Guard, the outermost layer, gives every response HEADERS and answers the Host check, the cap on
+requests in progress (Limits.max_active), refusals and bugs; refusals made before a request reaches the app
+(a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in the same JSON.
+The model calls run in the threadpool, one per checkpoint, side by side; each checkpoint's lock keeps it to
+one request at a time, so concurrent requests never mix.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nmt.serve.examples import Examples
 from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
 from nmt.serve.page import render_page
 
 STATIC_DIR = Path(__file__).parent / "static"
-BODY_SECONDS = 10.0  # a request body must arrive within this
 log = logging.getLogger(__name__)
 _JSON_TYPES = {
     dict: "an object",
@@ -59,8 +65,123 @@ HEADERS = {
 }
 
 
+CLOSING = (408, 413)  # refusals that close the connection: the rest of the body is not worth reading
+
+
 def example_body(limits: Limits) -> str:
     return f'{{"text": "...", "beam": 1}} (beam from 1 to {limits.max_beam}, default 1)'
+
+
+def refusal(message: str, status: int) -> JSONResponse:
+    """The documented refusal: {"error": message} with the security headers (and Connection: close for CLOSING)."""
+    headers = {**HEADERS, "Connection": "close"} if status in CLOSING else HEADERS
+    return JSONResponse({"error": message}, status, headers=headers)
+
+
+def report_bug(exc: BaseException, where: str) -> str:
+    """Log `exc` with its traceback under a fresh id; the message for the client names the id, never the text."""
+    ident = secrets.token_hex(4)
+    log.error("internal error %s in %s", ident, where, exc_info=exc)
+    return f"internal error (id {ident}); the server keeps running, please report this with the id"
+
+
+def host_allowed(host: str, names: frozenset[str]) -> bool:
+    """Whether a Host header (a name or an address, with or without a port) names a loopback server: localhost
+    (and *.localhost), any loopback address (127.0.0.0/8, ::1), or one of `names`. Names are never resolved
+    here: under DNS rebinding an attacker's name resolves to 127.0.0.1, and its Host header must be refused."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1] or [::1]:8000
+        name = host[1:].partition("]")[0]
+    else:
+        name = host.rpartition(":")[0] if host.count(":") == 1 else host
+    name = name.rstrip(".")
+    if name in names or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def has_body(scope: Scope) -> bool:
+    headers = Headers(scope=scope)
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+
+
+class Guard:
+    """The outermost layer of the application (inside Starlette's own last-resort handler, which it leaves
+    nothing to): every response gets HEADERS; a foreign Host header is refused (400) when `host_names` is given,
+    a request past `limits.max_active` in progress gets 503, a RequestError its status, and any other exception
+    a 500 naming the id under which it was logged. A request is in progress once it has arrived whole: a body
+    still on its way holds no place, so slow senders cannot fill the cap (their deadline is read_timeout)."""
+
+    def __init__(self, app: ASGIApp, limits: Limits, host_names: frozenset[str] | None = None):
+        self.app, self.limits, self.host_names = app, limits, host_names
+        self.active = 0  # requests in progress (touched by the event loop only)
+
+    def busy(self) -> RequestError:
+        return RequestError(
+            f"busy: {self.active} requests are in progress, the most this server takes; try again in a moment", 503
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_secured(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [
+                    (k.lower().encode(), v.encode()) for k, v in HEADERS.items() if k.lower().encode() not in present
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        if self.host_names is not None:
+            host = Headers(scope=scope).get("host", "")
+            if not host_allowed(host, self.host_names):
+                address, port = scope.get("server") or ("127.0.0.1", 8000)
+                shown = f"[{address}]" if ":" in address else address
+                message = (
+                    f"this server answers only requests addressed to localhost or a loopback address, not "
+                    f"{host[:80]!r} (a defence against DNS rebinding); open http://{shown}:{port}/"
+                )
+                await refusal(message, 400)(scope, receive, send_secured)
+                return
+        counted = False
+
+        def enter() -> None:  # the request has arrived whole: it takes a place, if there is one
+            nonlocal counted
+            if self.active >= self.limits.max_active:
+                raise self.busy()
+            self.active += 1
+            counted = True
+
+        async def receive_counted() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False) and not counted:
+                enter()  # a RequestError here reaches the handler reading the body, then Guard or the page
+            return message
+
+        try:
+            if not has_body(scope):
+                enter()
+            await self.app(scope, receive_counted, send_secured)
+        except RequestError as e:
+            if not started:
+                await refusal(str(e), e.status)(scope, receive, send_secured)
+        except Exception as e:  # a bug; a reply already begun ends cut short (the server closes the connection)
+            message = report_bug(e, f"{scope['method']} {scope['path']}")
+            if not started:
+                await refusal(message, 500)(scope, receive, send_secured)
+        finally:
+            if counted:
+                self.active -= 1
 
 
 class Server:
@@ -103,34 +224,10 @@ class Server:
         self.pending -= 1
 
 
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def guarded(handler: Handler) -> Handler:
-    """Answer a RequestError with its status and message, and any other exception with a 500 (logged)."""
-
-    @functools.wraps(handler)
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except RequestError as e:
-            return JSONResponse({"error": str(e)}, e.status, headers=HEADERS)
-        except Exception as e:
-            log.exception("%s %s failed", request.method, request.url.path)
-            return JSONResponse(
-                {
-                    "error": f"internal error ({type(e).__name__}: {str(e)[:200]}); the server "
-                    "keeps running, please report this"
-                },
-                500,
-                headers=HEADERS,
-            )
-
-    return wrapper
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past `limit` bytes and with 408 if it takes over BODY_SECONDS."""
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body, refused with 413 past `limit` bytes and with 408 if it takes over `timeout` seconds.
+    Under nmt-serve the connection layer's deadline (from the request's first byte) comes first; this one is
+    for the app under another server."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise RequestError(
@@ -146,9 +243,18 @@ async def read_body(request: Request, limit: int) -> bytes:
         return bytes(body)
 
     try:
-        return await asyncio.wait_for(collect(), BODY_SECONDS)
+        return await asyncio.wait_for(collect(), timeout)
     except asyncio.TimeoutError:
-        raise RequestError(f"the request body took longer than {BODY_SECONDS:g} s to arrive", 408) from None
+        raise RequestError(read_timeout_message(timeout), 408) from None
+    except ClientDisconnect:  # the client left (or the connection layer closed it); no one reads the reply
+        raise RequestError("the client closed the connection before its body arrived") from None
+
+
+def read_timeout_message(timeout: float) -> str:
+    return (
+        f"the request took longer than {timeout:g} s to arrive (headers and body, from its first byte); "
+        "send it at once, on a new connection"
+    )
 
 
 def parse_translate_body(body: bytes, limits: Limits) -> tuple[str, object]:
@@ -184,10 +290,15 @@ def parse_translate_body(body: bytes, limits: Limits) -> tuple[str, object]:
 
 
 def parse_form(body: bytes) -> dict[str, str]:
-    """The page's form fields (text, beam, example), first value of each."""
+    """The page's form fields (text, beam, example), first value of each; the body is UTF-8, its characters
+    percent-encoded (as browsers send them) or not (bytes that are not UTF-8 read as U+FFFD)."""
     try:
         fields = parse_qs(
-            body.decode("latin-1"), keep_blank_values=True, max_num_fields=10, encoding="utf-8", errors="replace"
+            body.decode("utf-8", "replace"),
+            keep_blank_values=True,
+            max_num_fields=10,
+            encoding="utf-8",
+            errors="replace",
         )
     except ValueError:
         raise RequestError("the form has too many fields; use the page's form") from None
@@ -195,20 +306,22 @@ def parse_form(body: bytes) -> dict[str, str]:
 
 
 def create_app(
-    models: list[ServedModel], examples: Examples, limits: Limits | None = None, allowed_hosts: list[str] | None = None
+    models: list[ServedModel],
+    examples: Examples,
+    limits: Limits | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
-    """The application; `allowed_hosts` (e.g. ["127.0.0.1", "localhost"]) refuses other Host headers, which
-    keeps web pages from reaching a loopback server through DNS rebinding."""
+    """The application. With `allowed_hosts` (for a server on loopback; may be empty) it answers only Host
+    headers naming localhost, a loopback address or one of those names, which keeps web pages from reaching it
+    through DNS rebinding; None: any Host header (a server on a public address)."""
     server = Server(models, examples, limits or Limits())
+    lim = server.limits
 
-    @guarded
     async def api_translate(request: Request) -> Response:
-        text, beam = parse_translate_body(await read_body(request, server.limits.max_body), server.limits)
+        text, beam = parse_translate_body(await read_body(request, lim.max_body, lim.read_timeout), lim)
         return JSONResponse(await server.translate(text, beam), headers=HEADERS)
 
-    @guarded
     async def api_models(request: Request) -> Response:
-        lim = server.limits
         return JSONResponse(
             {
                 "models": [m.describe() for m in server.models],
@@ -229,7 +342,7 @@ def create_app(
         result, error, status = None, None, 200
         try:
             if request.method == "POST":
-                form.update(parse_form(await read_body(request, server.limits.max_body)))
+                form.update(parse_form(await read_body(request, lim.max_body, lim.read_timeout)))
                 if form.get("example"):
                     form["text"] = form["example"]
                 if form["beam"] not in ("1", "5"):
@@ -238,10 +351,10 @@ def create_app(
         except RequestError as e:
             error, status = str(e), e.status
         except Exception as e:
-            log.exception("POST / failed")
-            error, status = f"internal error ({type(e).__name__}); the server keeps running, please report this", 500
+            error, status = report_bug(e, f"{request.method} /"), 500
         html = render_page(server.models, server.examples, server.limits, form, result, error)
-        return HTMLResponse(html, status, headers=HEADERS)
+        headers = {**HEADERS, "Connection": "close"} if status in CLOSING else HEADERS
+        return HTMLResponse(html, status, headers=headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -254,7 +367,7 @@ def create_app(
             message = f"no such path {request.url.path}; the page is /, the API POST /translate and GET /api/models"
         else:
             message = str(exc.detail)
-        return JSONResponse({"error": message}, exc.status_code, headers=HEADERS)
+        return refusal(message, exc.status_code)
 
     routes = [
         Route("/", page, methods=["GET", "POST"]),
@@ -262,5 +375,6 @@ def create_app(
         Route("/api/models", api_models, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    names = None if allowed_hosts is None else frozenset(h.lower().strip("[]").rstrip(".") for h in allowed_hosts)
+    middleware = [Middleware(Guard, limits=lim, host_names=names)]
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})

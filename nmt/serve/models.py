@@ -49,6 +49,8 @@ class Limits:
     max_body: int = 65536  # bytes of a request body
     timeout: float = 60.0  # seconds one request may take, waiting for busy models included
     max_pending: int = 16  # requests being translated at once; more are answered 503
+    max_active: int = 64  # requests in progress at once, any path (the page, the API, static files); more: 503
+    read_timeout: float = 10.0  # seconds a request's headers and body may take to arrive; later: 408
 
 
 @dataclass

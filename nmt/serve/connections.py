@@ -1,0 +1,215 @@
+"""The HTTP connection layer of nmt-serve: uvicorn's h11 protocol with read deadlines and a connection cap.
+
+    server = make_server(create_app(models, examples, limits), ConnectionLimits())
+    server.run(sockets=[sock])                        # nmt/cli/serve.py binds and listens; tests run it in a thread
+
+uvicorn alone lets idle and slow clients starve the others: its keep-alive timer starts only after a first
+reply (a connection that sends nothing, or half its headers, stays open for ever), and its limit_concurrency
+counts idle connections, so some 60 silent connections answer everyone else 503. GuardedProtocol, a subclass
+of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else is installed), adds:
+  - a read deadline: a request's headers and body must arrive within ConnectionLimits.read_timeout of its
+    first byte; past it the client gets 408 and the connection is closed (a reply already sent: just closed);
+  - an idle deadline: a connection that sends nothing is closed after idle_timeout, as uvicorn closes one
+    that sends nothing after a reply (timeout_keep_alive, the same value);
+  - a connection cap: past max_connections open connections, the longest-idle one without a request in
+    progress is closed to make room (only if every one has a request in progress is the newcomer refused, 503);
+  - a write deadline: a reply the client does not read for read_timeout is dropped;
+  - refusals in the documented JSON with the security headers (nmt.serve.app.HEADERS): 408, 503, and a
+    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text.
+The cap on requests in progress is the app's (Limits.max_active, nmt.serve.app.Guard): it counts requests,
+never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections);
+tests/test_serve.py checks every behaviour above against a real server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, ClassVar
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from nmt.serve.app import HEADERS, read_timeout_message
+
+ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last reply before it is cut
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may hold; each has a command-line option in nmt-serve."""
+
+    read_timeout: float = 10.0  # seconds from a request's first byte to its last (headers and body); then 408
+    idle_timeout: float = 5.0  # seconds a connection may send nothing: after it opens, and between requests
+    max_connections: int = 256  # open connections; past it the longest-idle one is closed
+    max_header_bytes: int = 16384  # a request line and headers over this: 431
+
+
+def raw_refusal(status: int, message: str) -> bytes:
+    """A whole HTTP/1.1 response {"error": message} with the security headers, for a connection about to close."""
+    body = json.dumps({"error": message}, ensure_ascii=False, separators=(",", ":")).encode()
+    lines = [
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{name.lower()}: {value}" for name, value in HEADERS.items()),
+    ]
+    return "\r\n".join([*lines, "", ""]).encode("latin-1") + body
+
+
+class WatchedConnection(h11.Connection):
+    """h11's server side, telling `seen` every event it parses and keeping the status of a protocol error."""
+
+    def __init__(self, max_header_bytes: int, seen: Callable[[object], None]):
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_header_bytes)
+        self.seen, self.error_status = seen, 400
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as e:
+            self.error_status = e.error_status_hint
+            raise
+        self.seen(event)
+        return event
+
+
+class GuardedProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with the deadlines and the connection cap of ConnectionLimits."""
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.conn = WatchedConnection(self.limits.max_header_bytes, self._seen)
+        self.reading = False  # a request's first byte has arrived, its last not yet
+        self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
+        self.deadline: asyncio.TimerHandle | None = None
+        self.write_deadline: asyncio.TimerHandle | None = None
+
+    @property
+    def busy(self) -> bool:
+        """A request in progress: read whole, its reply not yet complete (a body on its way is not progress)."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and self.conn.their_state is not h11.SEND_BODY
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._arm(self.limits.idle_timeout)
+        self._make_room()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if data and not self.reading:
+            self.reading, self.since = True, self.loop.time()
+            self._arm(self.limits.read_timeout)
+        super().data_received(data)
+
+    def _seen(self, event: object) -> None:
+        if isinstance(event, h11.EndOfMessage):  # the request is read: no deadline while the app works on it
+            self.reading = False
+            self._disarm()
+
+    def send_400_response(self, msg: str) -> None:
+        """A malformed request (h11 could not parse it): the JSON refusal, then close."""
+        if self.conn.error_status == 431:
+            status = 431
+            message = f"the request line and headers are over {self.limits.max_header_bytes:,} bytes"
+        else:
+            status, message = 400, "malformed HTTP request; send HTTP/1.1, e.g. with curl or a browser"
+        self._refuse(status, message)
+
+    def pause_writing(self) -> None:  # the client stopped reading the reply: it has read_timeout to resume
+        super().pause_writing()
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(self.limits.read_timeout, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        if self.write_deadline is not None:
+            self.write_deadline.cancel()
+            self.write_deadline = None
+        super().resume_writing()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self.deadline = self.loop.call_later(seconds, self._deadline_passed)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _deadline_passed(self) -> None:
+        self.deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        working = cycle is not None and not cycle.response_complete  # the app has the request (maybe not its body)
+        if not self.reading:  # a connection that sent nothing since it opened
+            if not working:
+                self._close()
+            return
+        if self.busy:  # this request is read; a pipelined next one waits its turn
+            self._arm(self.limits.read_timeout)
+            return
+        answered = cycle is not None and cycle.response_started and self.conn.their_state is h11.SEND_BODY
+        if working:  # the app, waiting for the body, hears that the client left; its reply goes nowhere
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if answered:  # the reply went out before the rest of the body, which never came
+            self._close()
+        else:
+            self._refuse(408, read_timeout_message(self.limits.read_timeout))
+
+    def _make_room(self) -> None:
+        """Past max_connections, close the longest-idle connections without a request in progress."""
+        others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+        excess = len(others) + 1 - self.limits.max_connections
+        if excess <= 0:
+            return
+        idle = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
+        for c in idle[:excess]:
+            c._close()
+        if len(idle) < excess:
+            self._refuse(
+                503,
+                f"too many connections: {len(others)} are open, each with a request in progress; try again in a moment",
+            )
+
+    def _refuse(self, status: int, message: str) -> None:
+        self.transport.write(raw_refusal(status, message))
+        self._close()
+
+    def _close(self) -> None:
+        self._disarm()
+        self.transport.close()
+        self.loop.call_later(ABORT_AFTER, self.transport.abort)  # if the client does not read the last reply
+
+
+def make_server(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Server:
+    """A uvicorn server of `app` whose connections follow `limits` (options: more uvicorn.Config settings)."""
+    protocol = type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        ws="none",
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]  (a float works: it goes to call_later)
+        limit_concurrency=None,  # it would count idle connections; the app caps requests in progress instead
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_graceful_shutdown=5,
+        **options,
+    )
+    return uvicorn.Server(config)
