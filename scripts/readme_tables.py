@@ -139,6 +139,14 @@ def benchmark_rows(bench: dict, path: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
+# how the committed study was made (docs/study.md); study.json cannot hold it, since a rebuild from its records
+# must write the same file wherever the runs were
+STUDY_COMMAND = (
+    "nmt-train experiment=bottleneck data.root=../shared/data/multi30k; "
+    "nmt-study SWEEP --output docs/study/caption_windows"
+)
+
+
 def study_rows(study: dict, path: Path) -> list[tuple[str, str, str]]:
     """(result, figure, source) rows of an nmt-study summary: per model BLEU by k and the share kept, then
     each model's interaction with the fixed vector."""
@@ -147,11 +155,12 @@ def study_rows(study: dict, path: Path) -> list[tuple[str, str, str]]:
     machine = study.get("machine")
     if isinstance(machine, dict):
         machine_cell = machine_text(machine)
-    else:
-        cpus = sorted({str(r["cpu"]) for r in runs if r.get("cpu")})
-        machine_cell = ", ".join(cpus) if cpus else "machine not recorded"
-    date = str(study.get("date") or "")[:10] or "date not recorded"
-    command = command_text(str(study["command"])) if study.get("command") else None
+    else:  # a run recorded before checkpoints stored their CPU names the CPU that made its record
+        cpus = sorted({str(r["cpu"]).split(" (recorded there")[0] for r in runs if r.get("cpu")})
+        machine_cell = (", ".join(cpus) + ", 1 thread a run") if cpus else "machine not recorded"
+    ended = sorted(str(r["trained_at"])[:10] for r in runs if r.get("trained_at"))
+    date = (ended[0] if ended[0] == ended[-1] else f"{ended[0]}..{ended[-1]}") if ended else "date not recorded"
+    command = command_text(str(study.get("command") or STUDY_COMMAND))
     source = source_cell(command, machine_cell, f"{date} ({_rel(path)})")
     trained_k = study.get("trained_k")
     rows = []

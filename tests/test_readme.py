@@ -89,7 +89,6 @@ def test_study_rows_from_a_study_summary(tmp_path):
     tables = _tables()
     study = {
         "command": "/venv/bin/python -m nmt.cli.study multirun/x --output docs/study/caption_windows",
-        "date": "2026-12-05T10:00:00+00:00",
         "trained_k": 4,
         "models": {
             "none": {
@@ -103,7 +102,10 @@ def test_study_rows_from_a_study_summary(tmp_path):
             "bahdanau": {"label": "bahdanau (RNNsearch order)", "seeds": 3, "bleu_by_k": {"1": 30.6, "2": 33.1}},
         },
         "interaction": {"bahdanau": {"difference": 0.471, "ci95": [0.402, 0.55], "k": 4}},
-        "runs": [{"cpu": "AMD EPYC"}],
+        "runs": [
+            {"cpu": "AMD EPYC", "trained_at": "2026-12-05T10:00Z"},
+            {"cpu": "AMD EPYC (recorded there; training's not stored)", "trained_at": "2026-12-05T11:00Z"},
+        ],
     }
     path = tmp_path / "study.json"
     path.write_text(json.dumps(study))
@@ -112,6 +114,7 @@ def test_study_rows_from_a_study_summary(tmp_path):
     assert "30.6 / 33.1" in block and "+0.471 [+0.402, +0.550]" in block
     assert "python -m nmt.cli.study multirun/x" in block and "AMD EPYC" in block and "2026-12-05" in block
     assert block.count("2026-12-05") == 1  # named once, in the study's first row
+    assert "AMD EPYC, 1 thread a run" in block and "recorded there" not in block  # one machine, however recorded
 
 
 def test_readme_is_short_and_cites_no_commit():

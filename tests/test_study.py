@@ -619,3 +619,22 @@ def test_find_inputs_skips_unfinished_jobs_and_reads_directories_of_records(swee
     runs, records, skipped = find_inputs([out / "records", out / "records" / "1_none_seed2.json.gz"])
     assert runs == [] and skipped == [] and len(records) == 4  # the record given twice is read once
     shutil.rmtree(tmp_path / "5_bahdanau_seed3")
+
+
+COMMITTED = Path(__file__).parents[1] / "docs" / "study" / "caption_windows"
+
+
+@pytest.mark.skipif(not (COMMITTED / "records").is_dir(), reason="no committed caption-windows study")
+def test_the_committed_study_rebuilds_from_its_records_alone(tmp_path):
+    """`nmt-study docs/study/caption_windows/records` with no run directory anywhere writes the committed
+    study.json and study.md again, byte for byte, and the committed records stay under 300 KB each."""
+    shutil.copytree(COMMITTED / "records", tmp_path / "records")
+    proc = subprocess.run(
+        [sys.executable, "-m", "nmt.cli.study", str(tmp_path / "records")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("study.json", "study.md"):
+        assert (tmp_path / name).read_bytes() == (COMMITTED / name).read_bytes(), name
+    assert all(p.stat().st_size < 300_000 for p in (COMMITTED / "records").iterdir())
+    summary = json.loads((COMMITTED / "study.json").read_text())
+    assert {m["seeds"] for m in summary["models"].values()} == {3}
