@@ -68,9 +68,12 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--min-source", type=int, default=0, metavar="N", help="only examples whose source has N+ pieces (default: all)"
     )
+    p.add_argument(
+        "--matmul-seconds", type=float, default=3.0, help="length of the matmul rate's measurement (default 3)"
+    )
     args = p.parse_args(argv)
-    if args.steps < 1 or args.threads < 1 or args.min_source < 0:
-        p.error("--steps and --threads must be positive (--min-source 0 or more)")
+    if args.steps < 1 or args.threads < 1 or args.min_source < 0 or args.matmul_seconds <= 0:
+        p.error("--steps, --threads and --matmul-seconds must be positive (--min-source 0 or more)")
     if args.ops < 0:
         p.error("--ops must be 0 (no operator list) or more")
     return args, overrides
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             profiled.append(phases)
     profiled_seconds, ops = operators(profiled, tokens, args.ops) if args.ops > 0 else (0.0, [])
     trainer.optimizer.zero_grad(set_to_none=True)
-    rate = matmul_rate(args.threads, 3.0)["gflops"]
+    rate = matmul_rate(args.threads, args.matmul_seconds)["gflops"]
     recurrence = seconds["step"] - seconds["encoder"] - seconds["output+loss"] - seconds["optimizer"]
     parts = {
         "encoder": seconds["encoder"],

@@ -56,6 +56,8 @@ def run_benchmark(tmp: Path, *args: str) -> tuple[subprocess.CompletedProcess, d
         "--tiny",
         "--threads",
         "1",
+        "--matmul-seconds",
+        "0.2",
         "--out",
         str(out),
         "--work",
@@ -206,15 +208,18 @@ def test_peer_summaries_are_read_with_missing_fields():
     assert bench.peer_figures("opennmt", {})["sentences_per_s"] is None
 
 
-def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
-    """scripts/step_benchmark.py on a tiny synthetic setting: every variant named runs and is reported."""
+def test_step_benchmark_times_each_variant_on_the_long_examples_and_writes_json(tmp_path):
+    """scripts/step_benchmark.py on a tiny synthetic setting: every variant named runs and is reported; with
+    --min-source N only training examples whose source has N pieces or more are timed (batches of the same
+    batch_tokens), and the JSON says so, with the timed batches' mean source length; none that long is an error,
+    and so is an unknown variant."""
     out = tmp_path / "steps.json"
     tiny = [
         "data=synthetic",
         "data.train_size=200",
         "data.valid_size=10",
         "data.test_size=10",
-        "data.max_len=6",
+        "data.max_len=8",
         "tokenizer.vocab_size=60",
         "model.embed_size=16",
         "model.encoder_hidden_size=16",
@@ -222,54 +227,25 @@ def test_step_benchmark_times_each_variant_and_writes_json(tmp_path):
         "trainer.batch_tokens=200",
         f"paths.data_dir={tmp_path / 'data'}",
     ]
-    cmd = [
-        sys.executable,
-        str(SCRIPT.parent / "step_benchmark.py"),
-        "fp32-sorted",
-        "bf16-exact-nofeed",
-        "--steps",
-        "2",
-        "--threads",
-        "1",
-        "--data",
-        "",
-        "--out",
-        str(out),
-        "--",
-        *tiny,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    script = str(SCRIPT.parent / "step_benchmark.py")
+    cmd = [sys.executable, script, "fp32-sorted", "bf16-exact-nofeed", "--steps", "2", "--threads", "1", "--data", ""]
+    proc = subprocess.run(
+        [*cmd, "--out", str(out), "--min-source", "7", "--", *tiny], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
-    assert list(report["results"]) == ["fp32-sorted", "bf16-exact-nofeed"]
+    assert list(report["results"]) == ["fp32-sorted", "bf16-exact-nofeed"] and report["min_source"] == 7
     for name, r in report["results"].items():
         assert r["steps"] == 2 and r["sentences_per_s"] > 0 and r["target_tokens_per_s"] > 0, name
+        assert r["mean_source_pieces"] >= 7 and r["sentences_per_batch"] > 0, name
     assert report["results"]["fp32-sorted"]["ratio"] == 1.0
     assert report["results"]["bf16-exact-nofeed"]["input_feeding"] is False
     assert report["machine"]["cpu_model"] and report["machine"]["threads"] == 1
     assert "bf16-exact-nofeed" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, str(SCRIPT.parent / "step_benchmark.py"), "fp16"], capture_output=True, text=True, timeout=60
-    )
-    assert bad.returncode == 2 and "unknown variant(s) fp16" in bad.stderr
-
-
-def test_step_benchmark_times_the_long_examples_only(tmp_path):
-    """--min-source N: only training examples whose source has N pieces or more are timed (batches of the same
-    batch_tokens); the JSON says so, with the timed batches' mean source length; none that long is an error."""
-    out = tmp_path / "long.json"
-    tiny = ["data=synthetic", "data.train_size=200", "data.max_len=8", "tokenizer.vocab_size=60"]
-    tiny += ["model.embed_size=16", "model.encoder_hidden_size=16", "model.hidden_size=32", "trainer.batch_tokens=200"]
-    tiny.append(f"paths.data_dir={tmp_path / 'data'}")
-    script = str(SCRIPT.parent / "step_benchmark.py")
-    cmd = [sys.executable, script, "fp32-exact", "--steps", "2", "--threads", "1", "--data", "", "--out", str(out)]
-    proc = subprocess.run([*cmd, "--min-source", "7", "--", *tiny], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    result = report["results"]["fp32-exact"]
-    assert report["min_source"] == 7 and result["mean_source_pieces"] >= 7 and result["sentences_per_batch"] > 0
     none = subprocess.run([*cmd, "--min-source", "500", "--", *tiny], capture_output=True, text=True, timeout=300)
     assert none.returncode != 0 and "--min-source 500: no training example" in none.stderr
+    bad = subprocess.run([sys.executable, script, "fp16"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown variant(s) fp16" in bad.stderr
 
 
 def test_peer_decode_time_is_this_runs_and_table_reprints_a_report(tiny, tmp_path):
@@ -301,7 +277,7 @@ def test_memory_trace_records_every_step(tmp_path):
         str(SCRIPT.parent / "memory_trace.py"),
         "--tiny",
         "--seconds",
-        "3",
+        "1.5",
         "--threads",
         "1",
         "--every",
@@ -340,13 +316,16 @@ def test_elementwise_benchmark_reports_every_kernel(tmp_path):
     assert "sigmoid form" in proc.stdout
 
 
-@pytest.mark.parametrize("attention", ["bahdanau", "luong"])
-def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
+@pytest.mark.parametrize("attention, min_source", [("luong", 0), ("bahdanau", 4)])
+def test_step_profile_splits_the_step_into_phases(tmp_path, attention, min_source):
     """scripts/step_profile.py on a tiny synthetic setting: the phases sum to the step, the matmul-heavy ones
     have FLOPs, the attention is timed in both decoder orders (stepwise queries and all steps at once), and
-    --ops lists the operators with the most self time, most first."""
+    --ops lists the operators with the most self time, most first. --min-source N (bahdanau's run): the profile's
+    batches hold only examples whose source has N pieces or more (the JSON says N); none that long is an error."""
     out = tmp_path / "profile.json"
     tiny = ["experiment=quick", f"attention={attention}", "model.input_feeding=false", "data.train_size=300"]
+    if min_source:
+        tiny.append("trainer.batch_tokens=300")
     cmd = [
         sys.executable,
         str(SCRIPT.parent / "step_profile.py"),
@@ -356,17 +335,16 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
         "1",
         "--data",
         "",
-        "--ops",
-        "5",
-        "--out",
-        str(out),
-        "--",
-        *tiny,
-        f"paths.data_dir={tmp_path / 'data'}",
+        "--matmul-seconds",
+        "0.2",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    overrides = ["--", *tiny, f"paths.data_dir={tmp_path / 'data'}"]
+    options = dict(capture_output=True, text=True, timeout=300, cwd=ROOT)
+    profile = [*cmd, "--ops", "5", "--out", str(out), "--min-source", str(min_source), *overrides]
+    proc = subprocess.run(profile, **options)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
+    assert report["min_source"] == min_source and report["target_tokens"] > 0
     phases = report["phases"]
     assert list(phases) == ["encoder", "recurrence without attention", "attention", "output+loss", "optimizer"]
     assert sum(p["seconds"] for p in phases.values()) == pytest.approx(report["step_seconds"], abs=0.01)
@@ -378,20 +356,7 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention):
     assert [op["self_seconds"] for op in ops] == sorted((op["self_seconds"] for op in ops), reverse=True)
     assert 0 < sum(op["share"] for op in ops) <= 1 and ops[0]["name"][:60] in proc.stdout
     assert sum(op["self_seconds"] for op in ops) <= report["profiled_seconds"] + 1e-3
-
-
-def test_step_profile_profiles_the_long_examples_only(tmp_path):
-    """--min-source N: the profile's batches hold only examples whose source has N pieces or more (the JSON
-    says N); none that long is an error."""
-    out = tmp_path / "long.json"
-    tiny = ["experiment=quick", "attention=bahdanau", "data.train_size=300", "trainer.batch_tokens=300"]
-    tiny.append(f"paths.data_dir={tmp_path / 'data'}")
-    script = str(SCRIPT.parent / "step_profile.py")
-    cmd = [sys.executable, script, "--steps", "2", "--threads", "1", "--data", "", "--out", str(out)]
-    options = dict(capture_output=True, text=True, timeout=300, cwd=ROOT)
-    proc = subprocess.run([*cmd, "--min-source", "4", "--", *tiny], **options)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    assert report["min_source"] == 4 and report["batches"] == 2 and report["target_tokens"] > 0
-    none = subprocess.run([*cmd, "--min-source", "900", "--", *tiny], **options)
-    assert none.returncode != 0 and "--min-source 900: no training example" in none.stderr
+    if min_source:
+        assert report["batches"] == 2
+        none = subprocess.run([*cmd, "--min-source", "900", *overrides], **options)
+        assert none.returncode != 0 and "--min-source 900: no training example" in none.stderr

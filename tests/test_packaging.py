@@ -27,14 +27,15 @@ def installed(tmp_path_factory) -> Path:
     )
     wheel = next((tmp / "dist").glob("nmt-*.whl"))
     venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     where = "import sysconfig; print(sysconfig.get_path('purelib'))"
     purelib = subprocess.run(
         [str(venv / "bin" / "python"), "-c", where], check=True, capture_output=True, text=True
     ).stdout.strip()
     (Path(purelib) / "borrowed_dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]  # this environment's pip (>= 22.3)
+    subprocess.run(  # installs into the new one, which needs no pip of its own
+        [*pip, "install", "--no-deps", "-q", str(wheel)],
         check=True,
         capture_output=True,
         timeout=300,
