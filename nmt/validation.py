@@ -19,7 +19,6 @@ from nmt.evaluation import heatmap_picks
 from nmt.loss import token_loss
 from nmt.metrics import bleu_by_length, corpus_scores
 from nmt.model import Seq2Seq
-from nmt.plotting import attention_figure
 from nmt.search import greedy
 
 HEATMAP_MAX_PIECES = 40
@@ -77,6 +76,8 @@ def evaluate_split(
     refs = [t for _, t in pairs]
     scores = corpus_scores(hyps, refs, ter=False)
     figures = []
+    if picks:  # matplotlib takes a quarter of a second to import: only where a heatmap is drawn
+        from nmt.plotting import attention_figure
     for sent in picks:
         hyp = attention[sent]
         src_text = pairs[sent][0]
