@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable, Sequence
 
 from nmt.errors import DataError
+from nmt.resume import flatten  # nested config -> dotted keys, as resume compares them
 
 # config keys that do not change what a run learns (prefixes end with ".")
 IGNORED_KEYS = (
@@ -31,17 +32,6 @@ IGNORED_KEYS = (
     "trainer.heatmaps",
 )
 COMPARED = ("attention.", "seed")  # what the study compares across
-
-
-def flatten(config: dict, prefix: str = "") -> dict:
-    """{"trainer.max_steps": 1200, ...}: nested dicts become dotted keys, other values stay as they are."""
-    out = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _matches(key: str, keys: Sequence[str]) -> bool:
