@@ -1,7 +1,13 @@
-"""The encoder: embeddings and a (bi)LSTM over the source sentence.
+"""The encoder: embeddings, a (bi)LSTM over the source sentence, and optionally self-attention over its states.
+
+With `self_attention_layers` > 0, blocks of multi-head self-attention (nmt.self_attention) follow the LSTM:
+every state is rewritten from the states of the whole sentence. The LSTM's final states still start the
+decoder (the bridge); the fixed sentence vector that `attention=none` reads is taken from the self-attended
+states, at the positions the LSTM's final states come from (the last real token for the forward direction,
+the first for the backward one).
 
 Shapes: B batch, S source length, E embedding size, H hidden size per direction,
-D = H * directions (the size of each encoder state), L layers.
+D = H * directions (the size of each encoder state), L layers, N self-attention heads.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from nmt.device import run_lstm
 from nmt.dropout import Dropout
+from nmt.self_attention import SelfAttentionStack
 from nmt.special import PAD_ID
 
 MAX_LENGTH_GROUPS = 8  # a CPU batch with more source lengths than this takes the packed LSTM (see _by_length)
@@ -25,12 +32,8 @@ class EncoderOutput(NamedTuple):
     final_h: Tensor  # (L, B, D) last hidden state per layer, directions joined [fwd; bwd]
     final_c: Tensor  # (L, B, D) last cell state per layer, directions joined
     mask: Tensor  # (B, S) True on real tokens
-
-    @property
-    def summary(self) -> Tensor:
-        """The fixed-length sentence vector (B, D): the top layer's final state, [fwd at the last real
-        token; bwd at the first token]. It is what `attention=none` reads at every step."""
-        return self.final_h[-1]
+    summary: Tensor  # (B, D) the fixed-length sentence vector `attention=none` reads at every step (below)
+    self_attention: tuple[Tensor, ...] = ()  # per self-attention layer, its weights (B, N, S, S) fp32
 
 
 class Encoder(nn.Module):
@@ -42,6 +45,8 @@ class Encoder(nn.Module):
         num_layers: int = 1,
         bidirectional: bool = True,
         dropout: float = 0.0,
+        self_attention_layers: int = 0,
+        self_attention_heads: int = 4,
     ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, embed_size, padding_idx=PAD_ID)
@@ -56,6 +61,17 @@ class Encoder(nn.Module):
         )
         self.num_layers, self.directions = num_layers, 2 if bidirectional else 1
         self.output_size = hidden_size * self.directions
+        if self_attention_layers < 0:
+            raise ValueError(f"model.self_attention_layers must be 0 or more, not {self_attention_layers}")
+        self.self_attention = None
+        if self_attention_layers:
+            # its own random stream, derived from the run's seed without drawing from it: the LSTMs, embeddings
+            # and decoder of one seed start from the same weights with and without the layers
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((torch.initial_seed() + 7919) % 2**63)
+                self.self_attention = SelfAttentionStack(
+                    self_attention_layers, self_attention_heads, self.output_size, dropout
+                )
 
     def forward(self, src: Tensor, lengths: Tensor) -> EncoderOutput:
         """src (B, S) ids, lengths (B,) real lengths on the CPU -> EncoderOutput."""
@@ -75,7 +91,22 @@ class Encoder(nn.Module):
         # contiguous once here: the unpacked LSTM's batch_first output is a transposed (S, B, D) buffer, and a
         # decoder step's kernel (nmt.kernels.attention_step) or search step would otherwise copy it at every step
         states = self.dropout(states.contiguous())
-        return EncoderOutput(states, self._join(h), self._join(c), mask)
+        final_h, final_c = self._join(h), self._join(c)  # (L, B, D) each
+        if self.self_attention is None:
+            # the top layer's final state, [fwd at the last real token; bwd at the first token]
+            return EncoderOutput(states, final_h, final_c, mask, final_h[-1])
+        states, weights = self.self_attention(states, mask)  # (B, S, D), [(B, N, S, S)]
+        return EncoderOutput(states, final_h, final_c, mask, self._summary(states, lengths), tuple(weights))
+
+    def _summary(self, states: Tensor, lengths: Tensor) -> Tensor:
+        """(B, D) read from `states` (B, S, D) where the LSTM's final states stand: the forward half at the last
+        real token, the backward half at the first."""
+        last = (lengths.to(states.device) - 1).clamp(min=0)  # (B,)
+        at_last = states[torch.arange(states.size(0), device=states.device), last]  # (B, D)
+        if self.directions == 1:
+            return at_last
+        half = self.output_size // 2
+        return torch.cat([at_last[:, :half], states[:, 0, half:]], dim=-1)  # (B, D)
 
     def _by_length(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """The LSTM over each group of equal source length on its own, unpacked, joined back in batch order:

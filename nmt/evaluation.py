@@ -6,11 +6,13 @@
 `result` holds corpus BLEU, chrF and TER with their sacrebleu signatures, BLEU/chrF by source length
 (whitespace words), the decoding settings, the checkpoint path and the hypotheses. With an `out_dir`,
 it writes <split>.json (everything but the hypotheses), <split>.hyp (one line per input), <split>.md,
-<split>_bleu_by_length.png and attention/<split>_<n>.png heatmaps (n = 1-based sentence number).
+<split>_bleu_by_length.png and attention/<split>_<n>.png heatmaps (n = 1-based sentence number; with
+self-attention in the encoder, attention/<split>_<n>-self.png beside each).
 No CLI concerns here: nmt-evaluate and nmt-study both call `evaluate`.
 
 A translator is anything with `translate(texts) -> list[list[Translation]]` and the attributes
-`settings` (dict), `checkpoint` (str | None) and `has_alignment` (bool), as nmt.translator.Translator.
+`settings` (dict), `checkpoint` (str | None) and `has_alignment` (bool), as nmt.translator.Translator; where it
+also has `self_attention(text)` ((layers, heads, S, S) or None), the encoder's self-attention is drawn too.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def evaluate(
         "files": {},
     }
     if out_dir is not None:
-        write_outputs(result, Path(out_dir), sources, hypotheses, best, heatmaps, translator.has_alignment)
+        write_outputs(result, Path(out_dir), sources, hypotheses, best, heatmaps, translator)
     result["hypotheses"] = hypotheses
     return result
 
@@ -84,10 +86,12 @@ def write_outputs(
     hypotheses: list[str],
     best: list,
     heatmaps: int,
-    has_alignment: bool,
+    translator,
 ) -> None:
-    """Write the .hyp, heatmaps, BLEU-by-length figure, .md and .json files (and fill result["files"])."""
-    from nmt.plotting import attention_figure, bleu_by_length_figure, save_figure
+    """Write the .hyp, heatmaps (and, with model.self_attention_layers > 0, the encoder's self-attention maps
+    beside them: attention/<split>_<n>-self.png), BLEU-by-length figure, .md and .json files (and fill
+    result["files"])."""
+    from nmt.plotting import attention_figure, bleu_by_length_figure, save_figure, self_attention_figure
 
     split = result["split"]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -99,9 +103,15 @@ def write_outputs(
     for i in heatmap_picks([len(t.src_pieces) for t in best], heatmaps):
         t = best[i]
         title = f"{split} #{i + 1}: {sources[i][:80]}"
-        fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title, has_alignment=has_alignment)
+        fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title, has_alignment=translator.has_alignment)
         path = save_figure(fig, out_dir / "attention" / f"{split}_{i + 1}.png")
-        result["heatmaps"].append({"sentence": i + 1, "source_pieces": len(t.src_pieces), "file": str(path)})
+        entry = {"sentence": i + 1, "source_pieces": len(t.src_pieces), "file": str(path)}
+        self_attention = getattr(translator, "self_attention", None)
+        weights = self_attention(sources[i]) if self_attention else None  # (layers, heads, S, S); None without
+        if weights is not None:
+            fig = self_attention_figure(weights, t.src_pieces, title)
+            entry["self_attention_file"] = str(save_figure(fig, out_dir / "attention" / f"{split}_{i + 1}-self.png"))
+        result["heatmaps"].append(entry)
 
     rows = result["by_length"]
     fig = bleu_by_length_figure({split: rows}, title=f"BLEU by source length ({split})")

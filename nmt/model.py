@@ -38,6 +38,8 @@ class ModelConfig:
     bridge: Bridge = Bridge.bridge  # bridge (tanh linear from the encoder's final states) | zero
     input_feeding: bool = True
     tie_embeddings: bool = False
+    self_attention_layers: int = 0  # blocks of multi-head self-attention over the encoder's states (nmt.self_attention)
+    self_attention_heads: int = 4  # heads per block; must divide the encoder state size
     attention: str = "luong"  # a name in nmt.attention.ATTENTIONS
     attention_query: Query = Query.current  # current (Luong order) | previous (Bahdanau order)
     attention_options: dict = field(default_factory=dict)  # the attention class's own arguments
@@ -58,6 +60,8 @@ class Seq2Seq(nn.Module):
             config.encoder_layers,
             config.bidirectional,
             config.dropout,
+            config.self_attention_layers,
+            config.self_attention_heads,
         )
         # The attention draws its random numbers from a stream of its own, seeded by one draw that every
         # attention makes alike: the encoder, decoder and embeddings of one seed start from identical
@@ -86,6 +90,18 @@ class Seq2Seq(nn.Module):
     @property
     def attention(self):
         return self.decoder.attention
+
+    @property
+    def has_self_attention(self) -> bool:
+        return self.encoder.self_attention is not None
+
+    @torch.no_grad()
+    def self_attention_weights(self, src: Tensor, lengths: Tensor) -> list[Tensor]:
+        """Each self-attention layer's weights over these sentences, [(B, N, S, S) fp32 per layer] ([] without
+        the layer); what the pictures draw (nmt-translate --plot, nmt-serve, TensorBoard)."""
+        if not self.has_self_attention:
+            return []
+        return list(self.encoder(src, lengths).self_attention)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

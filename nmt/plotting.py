@@ -3,6 +3,8 @@
     fig = attention_figure(weights, src_pieces, tgt_pieces)   # weights (T, S)
     save_figure(fig, "attention.png")
 
+    fig = self_attention_figure(weights, src_pieces)          # weights (layers, heads, S, S): a grid of maps
+
 nmt-study adds side-by-side heatmaps of one sentence under several models (attention_panels_figure),
 BLEU against verse-window size (bleu_by_window_figure) and validation BLEU of the shortest and longest
 length buckets over training time (learning_curves_figure).
@@ -55,6 +57,33 @@ def attention_figure(
     ax.set_ylabel("output")
     if title:
         ax.set_title(title, pad=12 + 5 * max((len(p) for p in src_pieces), default=1), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def self_attention_figure(weights, src_pieces: Sequence[str], title: str = "") -> Figure:
+    """The encoder's self-attention (model.self_attention_layers): one source x source map per layer (rows) and
+    head (columns); each map's row is a source position asking (query), its columns the positions it reads.
+
+    `weights` is (layers, heads, S, S) with S = len(src_pieces).
+    """
+    w = weights.detach().float().cpu().numpy() if hasattr(weights, "detach") else weights
+    layers, heads, S = w.shape[0], w.shape[1], len(src_pieces)
+    side = min(1.6 + 0.2 * S, 12)
+    fig, axes = plt.subplots(layers, heads, figsize=(side * heads, side * layers + 0.6), dpi=100, squeeze=False)
+    for layer in range(layers):
+        for head in range(heads):
+            ax = axes[layer][head]
+            ax.imshow(w[layer, head, :S, :S], cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+            ax.set_xticks(range(S))
+            ax.set_xticklabels(src_pieces, rotation=90, fontsize=7)
+            ax.xaxis.tick_top()
+            ax.set_yticks(range(S))
+            ax.set_yticklabels(src_pieces, fontsize=7)
+            ax.set_xlabel(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+    fig.suptitle(
+        (title + "\n" if title else "") + "self-attention: row = query position, column = position read", fontsize=9
+    )
     fig.tight_layout()
     return fig
 

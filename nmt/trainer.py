@@ -685,6 +685,8 @@ class Trainer:
                 self.writer.add_scalar(f"valid_bleu_by_length/{row['bucket']}", row["bleu"], step)
         for i, fig in enumerate(metrics["figures"]):
             self.writer.add_figure(f"attention/valid_{i}", fig, step)
+        for i, fig in enumerate(metrics.get("self_figures", [])):  # model.self_attention_layers > 0
+            self.writer.add_figure(f"self_attention/valid_{i}", fig, step)
         out = self.run_dir / "valid"
         out.mkdir(parents=True, exist_ok=True)
         (out / f"step_{step:07d}.hyp").write_text("".join(h + "\n" for h in metrics["hypotheses"]), encoding="utf-8")

@@ -97,6 +97,24 @@ class Translator:
         return bool(self.model.attention.has_alignment)
 
     @property
+    def has_self_attention(self) -> bool:
+        """Whether the encoder has self-attention layers (model.self_attention_layers > 0)."""
+        return bool(self.model.has_self_attention)
+
+    def self_attention(self, text: str) -> Tensor | None:
+        """The encoder's self-attention over `text`, encoded (and cut) as `translate` does: (layers, heads, S, S)
+        float32 on the CPU, S = len(src_pieces) of its Translation; None without the layer or for an empty text."""
+        if not self.has_self_attention:
+            return None
+        (seq,) = self._encode([text], 1, warn=False)  # translate() has warned about a cut
+        if seq is None:
+            return None
+        src = torch.tensor([seq], dtype=torch.long, device=self.device)  # (1, S)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            layers = self.model.self_attention_weights(src, torch.tensor([len(seq)]))
+        return torch.stack([w[0] for w in layers]).float().cpu()  # (layers, heads, S, S)
+
+    @property
     def settings(self) -> dict:
         """The decoding settings as plain values (for reports)."""
         return {
@@ -131,7 +149,7 @@ class Translator:
                 results[i] = [self._translation(ids[i], h.tokens, h.score, h.attention) for h in hyps]
         return results
 
-    def _encode(self, texts: list[str], first_line: int) -> list[list[int] | None]:
+    def _encode(self, texts: list[str], first_line: int, warn: bool = True) -> list[list[int] | None]:
         """Source ids (EOS included, cut to max_src_pieces) of every text; None for an empty one."""
         out: list[list[int] | None] = []
         # lone surrogates (from undecodable bytes) cannot reach sentencepiece: replace them with U+FFFD
@@ -145,13 +163,14 @@ class Translator:
             seq = next(encoded)
             limit = self.max_src_pieces
             if len(seq) > limit:
-                log.warning(
-                    "line %d: %d source pieces, over max_src_pieces=%d; translating its first %d",
-                    first_line + n,
-                    len(seq),
-                    limit,
-                    limit - 1,
-                )
+                if warn:
+                    log.warning(
+                        "line %d: %d source pieces, over max_src_pieces=%d; translating its first %d",
+                        first_line + n,
+                        len(seq),
+                        limit,
+                        limit - 1,
+                    )
                 seq = seq[: limit - 1] + [EOS_ID]
             out.append(seq)
         return out

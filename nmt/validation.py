@@ -4,7 +4,8 @@
 
 The trainer calls it at every validation; nmt.evaluation scores a translator on raw text instead (nmt-evaluate,
 nmt-study). Sentences are batched by source length, the loss is computed without label smoothing, and up to
-`heatmaps` fixed sentences spread over lengths come back as attention figures for TensorBoard.
+`heatmaps` fixed sentences spread over lengths come back as attention figures for TensorBoard (and, with
+model.self_attention_layers > 0, as figures of the encoder's self-attention: a map per layer and head).
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def evaluate_split(
     pairs = [pairs[k] for k in chosen]
     refs = [t for _, t in pairs]
     scores = corpus_scores(hyps, refs, ter=False)
-    figures = []
+    figures, self_figures = [], []
     if picks:  # matplotlib takes a quarter of a second to import: only where a heatmap is drawn
-        from nmt.plotting import attention_figure
+        from nmt.plotting import attention_figure, self_attention_figure
     for sent in picks:
         hyp = attention[sent]
         src_text = pairs[sent][0]
@@ -92,6 +93,12 @@ def evaluate_split(
                 has_alignment=model.attention.has_alignment,
             )
         )
+        if model.has_self_attention:
+            one = collate(encoded, [chosen[sent]]).to(device)
+            with autocast():
+                layers = model.self_attention_weights(one.src, one.src_lengths)  # [(1, N, S, S)]
+            weights = torch.stack([w[0] for w in layers])  # (layers, N, S, S)
+            self_figures.append(self_attention_figure(weights, data.tokenizer.src_pieces(src_text), src_text[:80]))
     loss = nll / max(tokens, 1)
     return {
         "loss": round(loss, 5),
@@ -101,4 +108,5 @@ def evaluate_split(
         "by_length": bleu_by_length([s for s, _ in pairs], hyps, refs, edges),
         "hypotheses": hyps,
         "figures": figures,
+        "self_figures": self_figures,
     }

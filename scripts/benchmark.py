@@ -205,6 +205,7 @@ def forward_flops(cfg: ModelConfig, tgt_vocab: int, S, T):
     (EOS included; S and T may be tensors, the formula is applied elementwise). A multiply-add is 2 FLOPs.
 
         encoder    S x dirs x 8 He (in + He) per layer             (in = E, then D = dirs x He)
+                   + per self-attention layer S x 4 x 2 D^2 (W_q, W_k, W_v, W_o) + S^2 x 2 x 2 D (scores, values)
         attention  S x P  +  T x (R + S x C)                        (P, R, C from `attention_flops`;
                    bahdanau: P = 2 D A, R = 2 H A, C = 2 A + 2 D)
         bridge     2 x 2 D H per decoder layer                      (h and c, once per sentence)
@@ -223,7 +224,8 @@ def forward_flops(cfg: ModelConfig, tgt_vocab: int, S, T):
     decoder = lstm_flops(first_input, H) + (cfg.decoder_layers - 1) * lstm_flops(H, H)
     decoder += per_step + 2 * (D + H) * H + 2 * H * tgt_vocab
     bridge = 2 * 2 * D * H * cfg.decoder_layers if cfg.bridge == "bridge" else 0
-    return S * (encoder + per_src) + bridge + T * decoder + S * T * per_pair
+    self_attention = cfg.self_attention_layers * (S * 8 * D * D + S * S * 4 * D)
+    return S * (encoder + per_src) + self_attention + bridge + T * decoder + S * T * per_pair
 
 
 def flops_report(

@@ -184,6 +184,9 @@ def test_flops_formula_of_the_multi30k_model():
     expected = S * (encoder + keys) + 4 * 512 * 512 + T * step + S * T * (2 * 512 + 2 * 512)
     assert bench.forward_flops(cfg, V, S, T) == expected
     assert 0.7e9 < 3 * expected < 0.9e9  # the peers' README: ~0.83 GFLOP per training sentence
+    cfg.self_attention_layers = 2  # each: W_q, W_k, W_v, W_o on every position, and S x S scores and reads
+    layer = S * 4 * 2 * 512 * 512 + S * S * 2 * 2 * 512
+    assert bench.forward_flops(cfg, V, S, T) == expected + 2 * layer
 
 
 @pytest.mark.parametrize("attention", sorted(ATTENTIONS))

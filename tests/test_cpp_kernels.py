@@ -117,21 +117,27 @@ def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(factored, comp
         torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * b.abs().max().item())
 
 
-def rnnsearch(input_feeding: bool, layers: int) -> Seq2Seq:
+def rnnsearch(input_feeding: bool, layers: int, self_attention_layers: int = 0) -> Seq2Seq:
     torch.manual_seed(0)
     config = ModelConfig(
         embed_size=16, encoder_hidden_size=12, hidden_size=20, dropout=0.0, attention="bahdanau",
         attention_query="previous", input_feeding=input_feeding, decoder_layers=layers,
+        self_attention_layers=self_attention_layers,
     )  # fmt: skip
     return Seq2Seq(config, 30, 31)
 
 
-@pytest.mark.parametrize("input_feeding, layers", [(False, 1), (True, 1), (False, 2)], ids=["nofeed", "feed", "deep"])
+@pytest.mark.parametrize(
+    "input_feeding, layers, self_attention",
+    [(False, 1, 0), (True, 1, 0), (False, 2, 0), (True, 1, 1)],
+    ids=["nofeed", "feed", "deep", "selfattention"],
+)
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
-def test_training_step_equals_the_eager_kernels(input_feeding, layers, amp, compiled):
+def test_training_step_equals_the_eager_kernels(input_feeding, layers, self_attention, amp, compiled):
     """RNNsearch's teacher-forced loop on the C++ attention step and LSTM cells: the loss, the weights and
-    every gradient of the eager (torch) loop, on a batch whose targets end at different steps."""
-    model = rnnsearch(input_feeding, layers)
+    every gradient of the eager (torch) loop, on a batch whose targets end at different steps (with a block of
+    self-attention over the encoder states too: model.self_attention_layers=1)."""
+    model = rnnsearch(input_feeding, layers, self_attention)
     g = torch.Generator().manual_seed(5)
     src_lengths, tgt_lengths = [7, 9, 3, 5], [8, 6, 6, 2]  # targets longest first (the sampler's order)
     src = torch.full((4, 9), PAD_ID)

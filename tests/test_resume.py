@@ -213,8 +213,9 @@ def test_one_edited_line_of_the_corpus_is_caught_by_its_fingerprint(base, run, c
 
 
 # ------------------------------------------------------------------------------------ harmless: exact, and logged
-def test_extending_max_epochs_resumes_bitwise_like_an_uninterrupted_run(base, tmp_path, caplog, one_thread):
-    epochs = ["trainer.max_steps=null", "trainer.valid_every=1000"]
+@pytest.mark.parametrize("layers", [0, 1], ids=["plain", "selfattention"])
+def test_extending_max_epochs_resumes_bitwise_like_an_uninterrupted_run(base, tmp_path, caplog, one_thread, layers):
+    epochs = ["trainer.max_steps=null", "trainer.valid_every=1000", f"model.self_attention_layers={layers}"]
     whole = train(base, tmp_path / "whole", *epochs, "trainer.max_epochs=2")
     train(base, tmp_path / "split", *epochs, "trainer.max_epochs=1")
     with caplog.at_level(logging.INFO, logger="nmt.trainer"):

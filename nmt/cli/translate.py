@@ -2,7 +2,7 @@
 
     nmt-translate run/checkpoints/best.pt "ein kleiner Test ."
     nmt-translate run/checkpoints/best.pt < input.de > output.en
-    nmt-translate run/checkpoints/best.pt --beam 5 --nbest 3 --print-alignment --attention heatmaps/
+    nmt-translate run/checkpoints/best.pt --beam 5 --nbest 3 --print-alignment --plot heatmaps/
 
 Lines are read as they arrive and answered at once (it works interactively and in a pipe); lines that
 are already waiting are translated together, up to --batch-size. Deliberately free of Hydra, and torch
@@ -27,7 +27,9 @@ EPILOG = """output:
   penalty); missing hypotheses (an empty input has one) are filled with "-inf<TAB>" lines.
   --print-alignment: after every translation line, one line "tgt->src tgt->src ..." pairing each output
   piece (</s> included) with the source piece it attends to most ("tgt->?" for attention=none).
-  --attention DIR: DIR/<line>.png, the best translation's heatmap of input line <line> (1-based).
+  --plot DIR (or --attention DIR): DIR/<line>.png, the best translation's attention heatmap of input line
+  <line> (1-based); with a model trained with model.self_attention_layers > 0, also DIR/<line>-self.png: the
+  encoder's self-attention over the source, one source x source map per layer (rows) and head (columns).
 
 examples:
   nmt-translate outputs/2024-05-01/12-00-00/checkpoints/best.pt "Im Anfang schuf Gott Himmel und Erde ."
@@ -78,7 +80,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="bf16 autocast: auto (the default) uses it where the hardware computes bf16 (CUDA; CPUs "
         "with AVX-512 BF16 or AMX), off decodes in fp32",
     )
-    p.add_argument("--attention", metavar="DIR", help="write one attention heatmap PNG per input line to DIR")
+    p.add_argument(
+        "--plot",
+        "--attention",
+        dest="attention",
+        metavar="DIR",
+        help="write one attention heatmap PNG per input line to DIR (and the self-attention maps, if any)",
+    )
     p.add_argument(
         "--print-alignment",
         action="store_true",
@@ -132,13 +140,17 @@ def write_results(translator, args: argparse.Namespace, texts: list[str], first_
                 out.append(alignment_line(t, translator.has_alignment))
         out += ["-inf\t"] * (args.nbest - len(shown)) if args.nbest > 1 else []
         if args.attention and text.strip():
-            from nmt.plotting import attention_figure, save_figure
+            from nmt.plotting import attention_figure, save_figure, self_attention_figure
 
             t = hyps[0]
             fig = attention_figure(
                 t.attention, t.src_pieces, t.tgt_pieces, title=text[:80], has_alignment=translator.has_alignment
             )
             save_figure(fig, os.path.join(args.attention, f"{first_line + n}.png"))
+            weights = translator.self_attention(text)  # (layers, heads, S, S), None without the layer
+            if weights is not None:
+                fig = self_attention_figure(weights, t.src_pieces, title=text[:80])
+                save_figure(fig, os.path.join(args.attention, f"{first_line + n}-self.png"))
     sys.stdout.write("".join(line + "\n" for line in out))
     sys.stdout.flush()
 
@@ -176,7 +188,7 @@ def translate(args: argparse.Namespace) -> None:
         try:
             os.makedirs(args.attention, exist_ok=True)
         except OSError as e:
-            raise ConfigError(f"--attention {args.attention}: cannot create it ({e.strerror})") from None
+            raise ConfigError(f"--plot {args.attention}: cannot create it ({e.strerror})") from None
     if args.text:
         texts = [valid_text(text) for text in args.text]
         for start in range(0, len(texts), args.batch_size):
