@@ -65,26 +65,31 @@ def self_attention_figure(weights, src_pieces: Sequence[str], title: str = "") -
     """The encoder's self-attention (model.self_attention_layers): one source x source map per layer (rows) and
     head (columns); each map's row is a source position asking (query), its columns the positions it reads.
 
-    `weights` is (layers, heads, S, S) with S = len(src_pieces).
+    `weights` is (layers, heads, S, S) with S = len(src_pieces). Self-attention often spreads its weight, so
+    black is 0 and white the largest weight in the figure (its colour bar says which), not 1.
     """
     w = weights.detach().float().cpu().numpy() if hasattr(weights, "detach") else weights
     layers, heads, S = w.shape[0], w.shape[1], len(src_pieces)
+    top = max(float(w[:, :, :S, :S].max()), 1e-6)
     side = min(1.6 + 0.2 * S, 12)
-    fig, axes = plt.subplots(layers, heads, figsize=(side * heads, side * layers + 0.6), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(
+        layers, heads, figsize=(side * heads + 1.5, side * layers + 1.2), dpi=100, squeeze=False, layout="constrained"
+    )
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer][head]
-            ax.imshow(w[layer, head, :S, :S], cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+            image = ax.imshow(
+                w[layer, head, :S, :S], cmap="gray", vmin=0.0, vmax=top, aspect="equal", interpolation="nearest"
+            )
             ax.set_xticks(range(S))
             ax.set_xticklabels(src_pieces, rotation=90, fontsize=7)
             ax.xaxis.tick_top()
             ax.set_yticks(range(S))
             ax.set_yticklabels(src_pieces, fontsize=7)
             ax.set_xlabel(f"layer {layer + 1}, head {head + 1}", fontsize=9)
-    fig.suptitle(
-        (title + "\n" if title else "") + "self-attention: row = query position, column = position read", fontsize=9
-    )
-    fig.tight_layout()
+    fig.colorbar(image, ax=axes, shrink=0.6, label="weight")
+    caption = "self-attention: row = query position, column = position read"
+    fig.suptitle(f"{title}\n{caption}" if title else caption, fontsize=9)
     return fig
 
 

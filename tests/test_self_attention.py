@@ -298,3 +298,23 @@ def test_nmt_evaluate_draws_the_self_attention_beside_each_heatmap(run_with_laye
     for entry in result["heatmaps"]:
         assert Path(entry["self_attention_file"]).name == f"test_{entry['sentence']}-self.png"
         assert Path(entry["self_attention_file"]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_handbook_s_figures_are_those_of_the_committed_runs():
+    """docs/usage.md's comparison quotes docs/self_attention/*.json: every figure in it is found in those files."""
+    import json
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    text = (docs / "usage.md").read_text(encoding="utf-8")
+    section = text.split("### Measured: one layer against none", 1)[1].split("\n## ", 1)[0]
+    for layers in ("0_layers", "1_layer"):
+        bench = json.loads((docs / "self_attention" / f"benchmark_{layers}.json").read_text())
+        f = bench["figures"]
+        assert bench["model"]["config"]["self_attention_layers"] == int(layers[0])
+        assert f"{f['parameters']:,}" in section and f"{f['sentences_per_s']:.1f}" in section
+        assert f"{f['bleu_greedy']:.2f} / {f['bleu_beam5']:.2f}" in section
+        assert f"{f['decode_s_greedy']:.2f} / {f['decode_s_beam5']:.2f}" in section
+        assert f"{f['peak_train_gib']:.2f}" in section
+        assert f"{bench['train']['steps']:,}" in section
+        synthetic = json.loads((docs / "self_attention" / f"synthetic_rnnsearch_{layers}.json").read_text())
+        assert f"**{synthetic['bleu']:.2f}**" in section
