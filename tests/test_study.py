@@ -250,6 +250,8 @@ def test_bottleneck_presets_sweep_the_three_attentions(experiment):
 def test_decoder_label_names_the_decoder_from_the_stored_config(attention, query, feeding, label):
     config = {"attention": {**attention, "query": query}, "model": {"input_feeding": feeding}}
     assert decoder_label(config) == label
+    config["model"].update(self_attention_layers=2, self_attention_heads=4)  # the encoder's layers are named too
+    assert decoder_label(config).endswith("encoder self-attention 2x4)")
 
 
 def test_runs_may_differ_only_in_the_attention_the_seed_and_ignored_keys():

@@ -78,7 +78,8 @@ def decoder_label(config: dict) -> str:
     """Which decoder a run really is, from its stored config: the attention (and its score), the order of
     attention and recurrence (attention.query) and input feeding (model.input_feeding), e.g.
     "none (RNNencdec: context into every step)", "bahdanau (RNNsearch order)",
-    "luong general (Luong order, input feeding)"."""
+    "luong general (Luong order, input feeding)"; with model.self_attention_layers, also e.g.
+    "encoder self-attention 1x4" (layers x heads)."""
     attention = config.get("attention", {})
     name, query = str(attention.get("name")), attention.get("query")
     if query == "previous":  # the context (for none: the sentence vector) is an input of every LSTM step
@@ -87,6 +88,9 @@ def decoder_label(config: dict) -> str:
         order = "Luong order: context after each step" if name == "none" else "Luong order"
     else:
         order = ""
-    parts = [p for p in (order, "input feeding" if config.get("model", {}).get("input_feeding") else "") if p]
+    model = config.get("model", {})
+    parts = [p for p in (order, "input feeding" if model.get("input_feeding") else "") if p]
+    if model.get("self_attention_layers"):  # the encoder's (nmt.self_attention): part of what the row is
+        parts.append(f"encoder self-attention {model['self_attention_layers']}x{model.get('self_attention_heads')}")
     label = name + (f" {attention['score']}" if attention.get("score") else "")
     return label + (f" ({', '.join(parts)})" if parts else "")
