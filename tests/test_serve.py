@@ -3,11 +3,12 @@ real browser (headless Chromium from Debian's `chromium` package, driven by Play
 
     python -m pytest -q tests/test_serve.py
 
-Two tiny checkpoints of the quick preset are trained once (attention=luong and attention=none, sharing one
-data cache). The API runs in-process through Starlette's TestClient; concurrency, the start-up errors and
-the browser use real `nmt-serve` processes on a loopback address (127.0.0.2: the Host check must hold there
-too). Idle and slow clients and every kind of refusal meet nmt-serve's own layers (the app and the connection
-layer, nmt/serve/connections.py) on 127.0.0.1 in a thread, with deadlines of a second or two.
+Three tiny checkpoints of the quick preset are trained once (attention=luong, attention=none, and luong with
+two layers of two-head self-attention in the encoder; sharing one data cache). The API runs in-process through
+Starlette's TestClient; concurrency, the start-up errors and the browser use real `nmt-serve` processes on a
+loopback address (127.0.0.2: the Host check must hold there too). Idle and slow clients and every kind of
+refusal meet nmt-serve's own layers (the app and the connection layer, nmt/serve/connections.py) on 127.0.0.1
+in a thread, with deadlines of a second or two.
 """
 
 from __future__ import annotations
@@ -59,15 +60,22 @@ CHROMIUM_FLAGS = [
 ]
 LIMITS = Limits(max_chars=300, max_pieces=30, max_body=8192, timeout=30.0)
 SENTENCE = "bimi raka laba nude mema"  # words of the synthetic task (data.seed=1, vocab_words=30)
+SELF_ATTENTION = ("model.self_attention_layers=2", "model.self_attention_heads=2")  # the third checkpoint's encoder
+LABELS = [
+    "luong (general, current query, input feeding)",
+    "none (fixed sentence vector, into every step, input feeding)",
+    "luong (general, current query, input feeding) + self-attention (2 layers, 2 heads)",
+]
 
 
-def train(root: Path, attention: str) -> Path:
+def train(root: Path, attention: str, *overrides: str, name: str | None = None) -> Path:
     """A few steps of the quick preset: enough for a checkpoint that translates (badly) and attends."""
-    run = root / attention
+    run = root / (name or attention)
     cmd = [
         str(BIN / "nmt-train"),
         "experiment=quick",
         f"attention={attention}",
+        *overrides,
         f"hydra.run.dir={run}",
         f"paths.data_dir={root / 'data'}",
         "data.train_size=1500",
@@ -85,7 +93,8 @@ def train(root: Path, attention: str) -> Path:
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> list[Path]:
     root = tmp_path_factory.mktemp("serve")
-    return [train(root, "luong"), train(root, "none")]
+    selfattn = train(root, "luong", *SELF_ATTENTION, name="selfattn")
+    return [train(root, "luong"), train(root, "none"), selfattn]
 
 
 @pytest.fixture(scope="module")
@@ -139,15 +148,17 @@ def test_translate_answers_for_every_checkpoint(client):
     assert r.status_code == 200, r.text
     reply = r.json()
     assert reply["text"] == SENTENCE and reply["beam"] == 5 and reply["notes"] == [] and not reply["truncated"]
-    luong, none = reply["results"]
-    assert luong["label"] == "luong (general, current query, input feeding)" and luong["has_alignment"]
-    assert none["label"] == "none (fixed sentence vector, into every step, input feeding)" and not none["has_alignment"]
-    for res in (luong, none):
+    luong, none, selfattn = reply["results"]
+    assert luong["label"] == LABELS[0] and luong["has_alignment"]
+    assert none["label"] == LABELS[1] and not none["has_alignment"]
+    assert selfattn["label"] == LABELS[2] and selfattn["has_alignment"]
+    assert luong["self_attention"] is None and none["self_attention"] is None  # checkpoints without the layer
+    for res in (luong, none, selfattn):
         assert res["src_pieces"][-1] == "</s>" and len(res["src_pieces"]) >= 6
         assert len(res["weights"]) == len(res["tgt_pieces"]) >= 1
         assert all(len(row) == len(res["src_pieces"]) for row in res["weights"])
         assert isinstance(res["hypothesis"], str) and res["time"] > 0 and res["note"] is None
-    assert all(abs(sum(row) - 1) < 1e-3 for row in luong["weights"])  # a distribution over the source
+    assert all(abs(sum(row) - 1) < 1e-3 for row in luong["weights"] + selfattn["weights"])  # over the source
     assert all(w == 0 for row in none["weights"] for w in row)
 
 
@@ -163,11 +174,11 @@ def test_the_library_gives_the_same_reply_as_the_api(client, loaded):
 def test_greedy_is_the_default_and_models_are_described(client):
     assert post(client, json.dumps({"text": SENTENCE})).json()["beam"] == 1
     info = client.get("/api/models").json()
-    assert [m["label"] for m in info["models"]] == [
-        "luong (general, current query, input feeding)",
-        "none (fixed sentence vector, into every step, input feeding)",
-    ]
+    assert [m["label"] for m in info["models"]] == LABELS
     assert info["models"][0]["settings"]["attention_options"] == {"score": "general"}
+    assert [m["has_self_attention"] for m in info["models"]] == [False, False, True]
+    said = [(m["settings"]["self_attention_layers"], m["settings"]["self_attention_heads"]) for m in info["models"]]
+    assert said == [(0, None), (0, None), (2, 2)]
     assert info["limits"]["max_pieces"] == LIMITS.max_pieces
     assert info["examples"]["source"].startswith("the test split of corpus synthetic (data cache")
     assert 1 <= len(info["examples"]["sentences"]) <= 4
@@ -220,6 +231,8 @@ def test_over_long_text_is_cut_with_a_note(client):
         assert len(res["src_pieces"]) == LIMITS.max_pieces and res["src_pieces"][-1] == "</s>"
         assert "over the limit of 30" in res["note"]
         assert len(res["tgt_pieces"]) <= 1.5 * LIMITS.max_pieces + 10 + 1
+    sa = reply["results"][2]["self_attention"]["weights"]  # over the pieces translated, as cut
+    assert all(len(head) == LIMITS.max_pieces and len(head[-1]) == LIMITS.max_pieces for layer in sa for head in layer)
     page = client.post("/", data={"text": " ".join(words), "beam": "1"}).text
     assert "translated its first 300" in page and 'class="notes"' in page
 
@@ -228,7 +241,11 @@ def test_odd_text_never_breaks_a_reply(client):
     for text in ["\ud800 raka", "raka\x00laba", "\x00", "\u200b", "<b>raka</b> & \u202e\u05d0", "🙂 " * 20]:
         r = post(client, json.dumps({"text": text}))
         assert r.status_code == 200, r.text
-        assert len(r.json()["results"]) == 2
+        results = r.json()["results"]
+        assert len(results) == 3
+        sa, n = results[2]["self_attention"], len(results[2]["src_pieces"])
+        assert [len(layer) for layer in sa["weights"]] == [2, 2]
+        assert all(len(head) == n and all(len(row) == n for row in head) for layer in sa["weights"] for head in layer)
 
 
 def test_a_failing_model_is_a_500_that_names_a_logged_id_and_the_server_goes_on(client, loaded, monkeypatch, caplog):
@@ -281,11 +298,76 @@ def test_the_page_renders_a_heatmap_per_aligned_checkpoint(client):
     assert 'name="example"' in page.text and "luong (general, current query, input feeding)" in page.text
     reply = post(client, json.dumps({"text": SENTENCE, "beam": 5})).json()
     html = client.post("/", data={"text": SENTENCE, "beam": "5"}).text
-    luong = reply["results"][0]
-    cells = re.findall(r'class="cell" data-t="(\d+)" data-s="(\d+)" data-w="([^"]+)"', html)
-    assert len(cells) == len(luong["tgt_pieces"]) * len(luong["src_pieces"])
-    assert all(float(w) == luong["weights"][int(t)][int(s)] for t, s, w in cells)
-    assert html.count("<svg") == 1 and "there is no alignment to show" in html
+    for card, res in zip(model_cards(html), reply["results"], strict=True):
+        cells = re.findall(r'class="cell" data-t="(\d+)" data-s="(\d+)" data-w="([^"]+)"', card.split("<section")[0])
+        assert len(cells) == (len(res["tgt_pieces"]) * len(res["src_pieces"]) if res["has_alignment"] else 0)
+        assert all(float(w) == res["weights"][int(t)][int(s)] for t, s, w in cells)
+    assert html.count('<svg class="heatmap"') == 2 and "there is no alignment to show" in html  # luong, selfattn
+    for card in model_cards(html)[:2]:  # checkpoints without the layer: no trace of it
+        assert "self-attention" not in card and "sa-map" not in card and "attended →" not in card
+        assert card.count("source →") == card.count("output ↓") == card.count("<svg")
+
+
+def model_cards(html: str) -> list[str]:
+    """The HTML of each checkpoint's card, in order (a card's own sections are inside its text)."""
+    return re.split(r'<section class="model [a-z-]+" data-model="\d+">', html)[1:]
+
+
+def sa_check(sa: dict, n: int) -> None:
+    """A reply's self_attention: 2 layers x 2 heads x n queries x n keys, each query's row summing to 1."""
+    assert sa["layers"] == 2 and sa["heads"] == 2 and len(sa["weights"]) == 2
+    for layer in sa["weights"]:
+        assert len(layer) == 2
+        for head in layer:
+            assert len(head) == n and all(len(row) == n for row in head)
+            assert all(abs(sum(row) - 1) <= n * 0.5e-4 + 1e-9 for row in head)  # rounded to 4 decimals
+            assert all(0 <= w <= 1 for row in head for w in row)
+
+
+def test_the_reply_has_the_self_attention_of_every_layer_and_head(client, loaded):
+    reply = post(client, json.dumps({"text": SENTENCE, "beam": 5})).json()
+    res = reply["results"][2]
+    sa_check(res["self_attention"], len(res["src_pieces"]))
+    model = loaded[0][2]  # the same numbers as the Translator's, rounded
+    with model.lock:
+        direct = model.translator(5, LIMITS.max_pieces).self_attention(SENTENCE)
+    assert tuple(direct.shape) == (2, 2, len(res["src_pieces"]), len(res["src_pieces"]))
+    assert res["self_attention"]["weights"] == [
+        [[[round(w, 4) for w in row] for row in head] for head in layer] for layer in direct.tolist()
+    ]
+    heads = torch.tensor(res["self_attention"]["weights"])
+    assert not torch.allclose(heads[0, 0], heads[1, 1], atol=1e-3)  # the maps differ: one per layer and head
+    assert list(res) == list(reply["results"][0])  # every result has the same fields, in the same order
+
+
+def test_the_page_has_a_self_attention_map_per_layer_and_head_and_the_selectors(client):
+    reply = post(client, json.dumps({"text": SENTENCE, "beam": 1})).json()
+    res = reply["results"][2]
+    S = len(res["src_pieces"])
+    card = model_cards(client.post("/", data={"text": SENTENCE, "beam": "1"}).text)[2]
+    section = card[card.index('<section class="self-attention"') :]
+    section = section[: section.index("</section>")]
+    assert "<h3>Self-attention over the source</h3>" in section
+    assert '<div class="sa-controls" hidden>' in section  # the script shows the selectors; without it, all maps
+    for name in ("layer", "head"):
+        label = f'<label for="sa-{name}-2">{name.capitalize()}</label>'
+        assert f'{label} <select id="sa-{name}-2" class="sa-{name}">' in section
+    assert re.findall(r'<option value="(\d)">\1</option>', section) == ["1", "2", "1", "2"]
+    figures = re.findall(r'<figure class="sa-map" data-layer="(\d)" data-head="(\d)"><figcaption>([^<]*)<', section)
+    assert figures == [(lay, hd, f"layer {lay}, head {hd}") for lay in "12" for hd in "12"]
+    assert " hidden" not in section.split("sa-maps")[1]  # every map is shown without JavaScript
+    maps = section.split('<figure class="sa-map"')[1:]
+    for (lay, hd, _), svg in zip(figures, maps, strict=True):
+        assert f'data-kind="self" data-layer="{lay}" data-head="{hd}"' in svg
+        assert "attended →" in svg and "query ↓" in svg and "source →" not in svg
+        assert f'id="blues-2-{lay}-{hd}"' in svg and f'fill="url(#blues-2-{lay}-{hd})"' in svg  # its own gradient
+        cells = re.findall(r'class="cell" data-t="(\d+)" data-s="(\d+)" data-w="([^"]+)"', svg)
+        assert len(cells) == S * S
+        weights = res["self_attention"]["weights"][int(lay) - 1][int(hd) - 1]
+        assert all(float(w) == weights[int(t)][int(s)] for t, s, w in cells)
+        t, s = 1, 2
+        title = f"query {res['src_pieces'][t]} · attends {res['src_pieces'][s]} · weight {weights[t][s]:.3f}"
+        assert f"<title>{title}</title>" in svg
 
 
 def test_the_page_escapes_text_and_shows_errors(client):
@@ -400,15 +482,11 @@ def test_start_up_errors_are_one_line(ckpts, tmp_path):
     assert all(f"--{option}" in helped.stdout for option in ("read-timeout", "idle-timeout", "max-connections"))
 
 
-@pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium; .ci/run installs it)",
-)
-def test_the_page_in_a_real_browser(server, tmp_path):
+@contextmanager
+def chromium_page() -> Iterator:
+    """A page of headless Debian Chromium (driven by Playwright) in a fresh profile, 1300 x 900."""
     from playwright.sync_api import sync_playwright
 
-    api = httpx.post(server + "translate", json={"text": SENTENCE, "beam": 1}, timeout=60).json()["results"][0]
-    outside, errors = [], []
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
         browser = pw.chromium.launch_persistent_context(
             profile,
@@ -418,35 +496,98 @@ def test_the_page_in_a_real_browser(server, tmp_path):
             viewport={"width": 1300, "height": 900},
         )
         try:
-            page = browser.new_page()
-            page.on("request", lambda req: req.url.startswith(server) or outside.append(req.url))
-            page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(server)
-            page.fill("#text", SENTENCE)
-            page.click("#translate")
-            page.wait_for_selector("svg.heatmap rect.cell")
-            cards = page.locator("section.model")
-            assert cards.count() == 2
-            assert "no alignment to show" in cards.nth(1).inner_text() and cards.nth(1).locator("svg").count() == 0
-            cells = cards.nth(0).locator("rect.cell")
-            assert cells.count() == len(api["tgt_pieces"]) * len(api["src_pieces"])
-            shown = cells.evaluate_all("cs => cs.map(c => [+c.dataset.t, +c.dataset.s, +c.dataset.w])")
-            assert all(w == api["weights"][t][s] for t, s, w in shown)
-            assert cards.nth(0).locator(".hyp").inner_text() == (api["hypothesis"] or "(empty output)")
-            cells.nth(0).hover()  # the tooltip names the source piece, the output piece and the weight
-            tip = page.locator("#tip").inner_text()
-            assert f"source {api['src_pieces'][0]}" in tip and f"output {api['tgt_pieces'][0]}" in tip
-            assert f"weight {api['weights'][0][0]:.3f}" in tip
-            cards.nth(0).locator("text.tgt").nth(0).hover()  # an output piece: its source weights light up
-            assert page.locator(".readout").first.inner_text().startswith(f"output {api['tgt_pieces'][0]} attends to")
-            assert cards.nth(0).locator("rect.srcbg[style*='fill-opacity']").count() == len(api["src_pieces"])
-            shot = tmp_path / "serve.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+            yield browser.new_page()
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium; .ci/run installs it)",
+)
+def test_the_page_in_a_real_browser(server, tmp_path):
+    api = httpx.post(server + "translate", json={"text": SENTENCE, "beam": 1}, timeout=60).json()["results"][0]
+    outside, errors = [], []
+    with chromium_page() as page:
+        page.on("request", lambda req: req.url.startswith(server) or outside.append(req.url))
+        page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server)
+        page.fill("#text", SENTENCE)
+        page.click("#translate")
+        page.wait_for_selector("svg.heatmap rect.cell")
+        cards = page.locator("section.model")
+        assert cards.count() == 3
+        assert "no alignment to show" in cards.nth(1).inner_text() and cards.nth(1).locator("svg").count() == 0
+        cells = cards.nth(0).locator("rect.cell")
+        assert cells.count() == len(api["tgt_pieces"]) * len(api["src_pieces"])
+        shown = cells.evaluate_all("cs => cs.map(c => [+c.dataset.t, +c.dataset.s, +c.dataset.w])")
+        assert all(w == api["weights"][t][s] for t, s, w in shown)
+        assert cards.nth(0).locator(".hyp").inner_text() == (api["hypothesis"] or "(empty output)")
+        cells.nth(0).hover()  # the tooltip names the source piece, the output piece and the weight
+        tip = page.locator("#tip").inner_text()
+        assert f"source {api['src_pieces'][0]}" in tip and f"output {api['tgt_pieces'][0]}" in tip
+        assert f"weight {api['weights'][0][0]:.3f}" in tip
+        cards.nth(0).locator("text.tgt").nth(0).hover()  # an output piece: its source weights light up
+        assert page.locator(".readout").first.inner_text().startswith(f"output {api['tgt_pieces'][0]} attends to")
+        assert cards.nth(0).locator("rect.srcbg[style*='fill-opacity']").count() == len(api["src_pieces"])
+        shot = tmp_path / "serve.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     assert outside == [] and errors == []
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_the_self_attention_selectors_in_a_real_browser(server, tmp_path):
+    api = httpx.post(server + "translate", json={"text": SENTENCE, "beam": 1}, timeout=60).json()["results"][2]
+    src, sa = api["src_pieces"], api["self_attention"]["weights"]
+    errors = []
+    with chromium_page() as page:
+        page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(server)
+        page.fill("#text", SENTENCE)
+        with page.expect_navigation():
+            page.click("#translate")
+        section = page.locator("section.model").nth(2).locator("section.self-attention")
+        assert page.locator("section.self-attention").count() == 1  # only the checkpoint with the layer
+        assert section.locator(".sa-controls").is_visible()
+        for name in ("Layer", "Head"):  # real <select>s, named by their labels
+            assert section.get_by_label(name, exact=True).evaluate("e => e.tagName") == "SELECT"
+            assert section.get_by_label(name, exact=True).is_visible()
+        maps = section.locator("figure.sa-map")
+        assert maps.count() == 4
+
+        def visible() -> list[tuple[str, str]]:
+            return [(m.get_attribute("data-layer"), m.get_attribute("data-head")) for m in maps.all() if m.is_visible()]
+
+        assert visible() == [("1", "1")]  # the first layer's first head, until another is chosen
+        section.locator("select.sa-layer").select_option("2")
+        section.locator("select.sa-head").select_option("2")
+        assert visible() == [("2", "2")]
+        section.locator("select.sa-head").select_option("1")
+        assert visible() == [("2", "1")]
+        shown = section.locator('figure.sa-map[data-layer="2"][data-head="1"]')
+        assert shown.locator("figcaption").inner_text() == "layer 2, head 1"
+        assert shown.locator("svg").get_attribute("data-layer") == "2"
+        cells = shown.locator("rect.cell")
+        assert cells.count() == len(src) ** 2
+        t, s = 1, 0
+        shown.locator(f'rect.cell[data-t="{t}"][data-s="{s}"]').hover()
+        said = f"query {src[t]} · attends {src[s]} · weight {sa[1][0][t][s]:.3f}"
+        assert page.locator("#tip").is_visible() and page.locator("#tip").inner_text() == said
+        assert section.locator(".readout").inner_text() == said  # the section's own readout
+        assert page.locator("section.model").nth(2).locator(".readout").first.inner_text().startswith("Hover")
+        shown.locator("text.tgt").nth(t).hover()  # a query piece: the pieces it attends to light up
+        assert section.locator(".readout").inner_text().startswith(f"query {src[t]} attends to")
+        shown.locator(f'rect.cell[data-t="{t}"][data-s="{s}"]').hover()
+        shot = tmp_path / "serve_selfattn.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        section.screenshot(path=str(tmp_path / "serve_selfattn_section.png"))
+        if os.environ.get("NMT_SERVE_SHOTS"):  # a copy to look at: NMT_SERVE_SHOTS=/tmp/serve_selfattn.png
+            Path(os.environ["NMT_SERVE_SHOTS"]).write_bytes(shot.read_bytes())
+    assert errors == []
 
 
 # ------------------------------------------------------------------------------ idle and slow clients, refusals
@@ -535,7 +676,7 @@ def test_idle_and_half_sent_connections_do_not_lock_others_out(loaded):
         r = httpx.get(url + "api/models", timeout=5)
         assert r.status_code == 200 and time.monotonic() - opened < 1
         r = httpx.post(url + "translate", json={"text": SENTENCE}, timeout=10)
-        assert r.status_code == 200 and len(r.json()["results"]) == 2
+        assert r.status_code == 200 and len(r.json()["results"]) == 3
         assert len(server.server_state.connections) >= 120  # they were all open meanwhile
         waited = time.monotonic() - opened
         closed = until_closed(idle + half, read_s + 3)

@@ -5,7 +5,9 @@
 
 Routes:
     GET  /             the page (nmt/serve/page.py); POST / is its form (text, beam, example)
-    POST /translate    JSON {"text": str, "beam": int} -> every checkpoint's translation and attention
+    POST /translate    JSON {"text": str, "beam": int} -> every checkpoint's translation and attention; a
+                       result's "self_attention" is null, or for a checkpoint with self-attention in its encoder
+                       {"layers": L, "heads": H, "weights": [layer][head][query][key]} (nmt.serve.models)
     GET  /api/models   the checkpoints' labels and settings, the limits and the example sentences
     GET  /static/...   the page's stylesheet and script (nmt/serve/static, shipped in the package)
 

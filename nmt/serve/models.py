@@ -3,6 +3,7 @@
     models = load_models(["none/best.pt", "luong/best.pt"], device="cpu")
     reply = translate_all(models, "ein kleiner Test .", beam=5, limits=Limits())
     reply["results"][1]["weights"]        # (len(tgt_pieces), len(src_pieces)) nested lists
+    reply["results"][1]["self_attention"] # None, or {"layers", "heads", "weights": [layer][head][query][key]}
 
 Each model has a lock: a model translates one request at a time, while different models (and so the
 checkpoints of one request) may run side by side in threads. Inputs are bounded before any model runs:
@@ -72,6 +73,10 @@ class ServedModel:
     def has_alignment(self) -> bool:
         return bool(self.model.attention.has_alignment)
 
+    @property
+    def has_self_attention(self) -> bool:
+        return bool(self.model.has_self_attention)
+
     def translator(self, beam: int, max_pieces: int) -> Translator:
         """A Translator for these decoding settings (they share the model; call with the lock held)."""
         key = (beam, max_pieces)
@@ -86,8 +91,10 @@ class ServedModel:
         with self.lock:
             start = time.perf_counter()
             n_pieces = len(self.tokenizer.encode_src([text])[0]) if text.strip() else 0
-            best = self.translator(beam, max_pieces).translate([text])[0][0]
+            translator = self.translator(beam, max_pieces)
+            best = translator.translate([text])[0][0]
             seconds = time.perf_counter() - start
+            self_attention = translator.self_attention(text) if self.has_self_attention else None
         note = None
         if n_pieces > max_pieces:
             note = (
@@ -103,10 +110,24 @@ class ServedModel:
             "src_pieces": best.src_pieces,
             "tgt_pieces": best.tgt_pieces,
             "weights": weights,
+            "self_attention": self._self_attention_reply(self_attention, len(best.src_pieces)),
             "has_alignment": self.has_alignment,
             "time": round(seconds, 4),
             "note": note,
         }
+
+    def _self_attention_reply(self, weights: torch.Tensor | None, n_src: int) -> dict | None:
+        """None without the layer, else {"layers": L, "heads": H, "weights": [layer][head][query][key]} rounded
+        to WEIGHT_DIGITS, over the n_src source pieces (none for a text that encodes to no piece)."""
+        if not self.has_self_attention:
+            return None
+        layers, heads = self.settings["self_attention_layers"], self.settings["self_attention_heads"]
+        if weights is None or n_src == 0:
+            return {"layers": layers, "heads": heads, "weights": [[[] for _ in range(heads)] for _ in range(layers)]}
+        if tuple(weights.shape) != (layers, heads, n_src, n_src):
+            raise RuntimeError(f"self-attention weights of shape {tuple(weights.shape)} for {n_src} source pieces")
+        rounded = [[[[round(w, WEIGHT_DIGITS) for w in row] for row in h] for h in layer] for layer in weights.tolist()]
+        return {"layers": layers, "heads": heads, "weights": rounded}
 
     def describe(self) -> dict:
         """The label and settings, for GET /api/models."""
@@ -115,12 +136,14 @@ class ServedModel:
             "label": self.label,
             "checkpoint": self.path,
             "has_alignment": self.has_alignment,
+            "has_self_attention": self.has_self_attention,
             "settings": self.settings,
         }
 
 
 def attention_label(model_config: dict) -> str:
-    """A short name of the attention and its settings, e.g. "luong (general, current query, input feeding)"."""
+    """A short name of the attention and its settings, e.g. "luong (general, current query, input feeding)";
+    a checkpoint with self-attention in its encoder adds " + self-attention (2 layers, 4 heads)"."""
     name = str(model_config.get("attention", "?"))
     parts: list[str] = []
     query = model_config.get("attention_query", "current")
@@ -144,7 +167,12 @@ def attention_label(model_config: dict) -> str:
     if name != "none":
         parts.append(f"{query} query")
     parts.append("input feeding" if model_config.get("input_feeding", True) else "no input feeding")
-    return f"{name} ({', '.join(parts)})"
+    label = f"{name} ({', '.join(parts)})"
+    layers = int(model_config.get("self_attention_layers") or 0)
+    if layers:  # the encoder's, named after the decoder's attention: "... + self-attention (2 layers, 4 heads)"
+        heads = model_config.get("self_attention_heads")
+        label += f" + self-attention ({layers} layer{'s' * (layers != 1)}, {heads} head{'s' * (heads != 1)})"
+    return label
 
 
 def model_settings(payload: dict, model: Seq2Seq) -> dict:
@@ -162,6 +190,8 @@ def model_settings(payload: dict, model: Seq2Seq) -> dict:
         "encoder_hidden_size": mc.get("encoder_hidden_size"),
         "hidden_size": mc.get("hidden_size"),
         "bidirectional": mc.get("bidirectional"),
+        "self_attention_layers": int(mc.get("self_attention_layers") or 0),  # 0: none (and older checkpoints)
+        "self_attention_heads": mc.get("self_attention_heads") if mc.get("self_attention_layers") else None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "corpus": data.get("name"),
         "step": payload.get("step"),
@@ -223,7 +253,9 @@ def translate_all(models: list[ServedModel], text: str, beam: int, limits: Limit
     """Every model's best translation of `text`, one after another (nmt.serve.app runs them side by side).
 
     The reply: {"text": the text translated, "beam", "notes": [...], "truncated": bool, "results": [per
-    model: model, label, checkpoint, hypothesis, src_pieces, tgt_pieces, weights, has_alignment, time, note]}.
+    model: model, label, checkpoint, hypothesis, src_pieces, tgt_pieces, weights, self_attention, has_alignment,
+    time, note]}; self_attention is None without the layer, else {"layers": L, "heads": H, "weights": (L, H, S,
+    S) nested lists, [layer][head][query][key], S = len(src_pieces), each query's row summing to 1}.
     """
     text, notes = clean_text(text, limits)
     beam = check_beam(beam, limits)

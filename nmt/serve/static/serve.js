@@ -1,6 +1,8 @@
 // nmt-serve page: hover a heatmap cell for its source piece, output piece and weight; hover (or focus) an
-// output piece on the left to highlight the source pieces it attends to, by weight. The page also works
-// without this script: every cell has an SVG <title>, the browser's own tooltip.
+// output piece on the left to highlight the source pieces it attends to, by weight. Self-attention maps
+// (svg[data-kind=self]: rows are queries, columns the source pieces attended) work alike, and their layer and
+// head selectors show one map at a time. The page also works without this script: every cell has an SVG
+// <title>, the browser's own tooltip, and every self-attention map is shown.
 (function () {
   "use strict";
   var tip = document.getElementById("tip");
@@ -23,8 +25,9 @@
   }
 
   function setup(svg) {
-    var card = svg.closest(".model");
-    var readout = card ? card.querySelector(".readout") : null;
+    var holder = svg.closest(".self-attention") || svg.closest(".model");
+    var readout = holder ? holder.querySelector(".readout") : null;
+    var isSelf = svg.dataset.kind === "self", rowName = isSelf ? "query" : "output";
     var cells = Array.prototype.slice.call(svg.querySelectorAll("rect.cell"));
     var on = [];
     // the script shows its own tooltip: drop the SVG titles so the browser's does not appear as well
@@ -46,8 +49,9 @@
         mark(cell); mark(q('text.src[data-s="' + s + '"]')); mark(q('text.tgt[data-t="' + t + '"]'));
         mark(q('rect.srcbg[data-s="' + s + '"]')); mark(q('rect.tgtbg[data-t="' + t + '"]'));
         var src = text(q('text.src[data-s="' + s + '"]')), tgt = text(q('text.tgt[data-t="' + t + '"]'));
-        var html = "source <b>" + esc(src) + "</b> &middot; output <b>" + esc(tgt) + "</b> &middot; weight <b>" +
-                   w.toFixed(3) + "</b>";
+        var html = (isSelf ? "query <b>" + esc(tgt) + "</b> &middot; attends <b>" + esc(src) + "</b>"
+                         : "source <b>" + esc(src) + "</b> &middot; output <b>" + esc(tgt) + "</b>") +
+                   " &middot; weight <b>" + w.toFixed(3) + "</b>";
         showTip(event, html);
         if (readout) readout.innerHTML = html;
       });
@@ -66,7 +70,7 @@
         if (bg) { bg.style.fillOpacity = Math.min(0.85, parseFloat(c.dataset.w) * 0.85).toFixed(3); on.push(bg); }
       });
       var top = row.slice().sort(function (a, b) { return b.dataset.w - a.dataset.w; }).slice(0, 3);
-      var html = "output <b>" + esc(text(label)) + "</b> attends to " + top.map(function (c) {
+      var html = rowName + " <b>" + esc(text(label)) + "</b> attends to " + top.map(function (c) {
         return "<b>" + esc(text(q('text.src[data-s="' + c.dataset.s + '"]'))) + "</b> " +
                parseFloat(c.dataset.w).toFixed(3);
       }).join(", ");
@@ -83,6 +87,24 @@
   }
 
   document.querySelectorAll("svg.heatmap").forEach(setup);
+
+  // self-attention: show the selectors, and only the map of the chosen layer and head
+  document.querySelectorAll("section.self-attention").forEach(function (section) {
+    var controls = section.querySelector(".sa-controls");
+    var layer = section.querySelector("select.sa-layer"), head = section.querySelector("select.sa-head");
+    var maps = Array.prototype.slice.call(section.querySelectorAll("figure.sa-map"));
+    if (!controls || !layer || !head || !maps.length) return;
+    function show() {
+      tip.hidden = true;
+      maps.forEach(function (m) {
+        m.hidden = !(m.dataset.layer === layer.value && m.dataset.head === head.value);
+      });
+    }
+    controls.hidden = false;
+    layer.addEventListener("change", show);
+    head.addEventListener("change", show);
+    show();
+  });
 
   var form = document.getElementById("form");
   if (form) {
