@@ -151,11 +151,45 @@ def use_bf16(amp: str, device_type: str, option: str = "amp") -> bool:
     return precision_choice(amp, device_type, option)[0]
 
 
+# What makes torch compute as on an AVX2-only CPU (scripts/benchmark.py and step_profile.py --emulate-avx2):
+# ATen's vectorised kernels and Inductor's generated code (ATEN_CPU_CAPABILITY), oneDNN (LSTMs, bf16 matmuls:
+# ONEDNN_MAX_CPU_ISA) and MKL (fp32 matmuls: MKL_ENABLE_INSTRUCTIONS). Each read once, when its library starts.
+AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+_EMULATED = "NMT_EMULATED"  # set in the re-executed process: what it emulates
+
+
+def emulate_avx2() -> None:
+    """Start this process again (os.execve: same arguments) with AVX2_EMULATION in its environment, unless it
+    already runs so; then check that torch took it (ConfigError if not: a CPU without AVX2, say). An emulation
+    on a bigger CPU is not an AVX2 machine: its caches, clock and memory stay the bigger CPU's."""
+    import os
+    import sys
+
+    if os.environ.get(_EMULATED) != "avx2":
+        sys.stdout.flush(), sys.stderr.flush()
+        os.execve(sys.executable, list(sys.orig_argv), {**os.environ, **AVX2_EMULATION, _EMULATED: "avx2"})
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        raise ConfigError(
+            f"--emulate-avx2: torch runs {torch.backends.cpu.get_cpu_capability()} kernels despite "
+            "ATEN_CPU_CAPABILITY=avx2 (a CPU without AVX2?)"
+        )
+
+
+def emulated() -> str | None:
+    """ "avx2" in a process that emulate_avx2 started (with every variable of AVX2_EMULATION in force), else None."""
+    import os
+
+    ok = os.environ.get(_EMULATED) == "avx2" and all(os.environ.get(k) == v for k, v in AVX2_EMULATION.items())
+    return "avx2" if ok else None
+
+
 def describe_machine(threads: int) -> dict:
     """What a measurement ran on, for benchmark reports: CPU model, the instruction set torch's CPU kernels
     use (cpu_capability: AVX2, AVX512, ...), the CPU's kind and flags that matter (cpu_kind, cpu_flags), a
-    ONEDNN_MAX_CPU_ISA below bf16 if set, whether bf16 is native (AVX-512 BF16 / AMX), cores, threads,
-    versions."""
+    ONEDNN_MAX_CPU_ISA below bf16 if set, an emulation (emulate_avx2), whether bf16 is native (AVX-512 BF16 /
+    AMX), cores, threads, versions."""
     import os
     import platform
     from pathlib import Path
@@ -178,6 +212,7 @@ def describe_machine(threads: int) -> dict:
         "cpu_kind": cpu_kind(),  # the hardware's, from its flags (an emulation does not change it)
         "cpu_flags": cpu_flags(),
         "onednn_max_cpu_isa": onednn_isa_limit(),
+        "emulated": emulated(),  # "avx2": ATEN/oneDNN/MKL kept to AVX2 on a bigger CPU (not a real AVX2 machine)
         "native_bf16": native_bf16("cpu"),
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),

@@ -1,4 +1,4 @@
-"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--ops N] [--out FILE] [-- KEY=VALUE ...]
+"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--ops N] [--emulate-avx2] [--out F] [-- K=V]
 
 Where a training step's time goes, phase by phase, on the batches nmt-train would train on:
 
@@ -7,6 +7,7 @@ Where a training step's time goes, phase by phase, on the batches nmt-train woul
         data.window=4                                                # the study's RNNsearch on verse windows
     python scripts/step_profile.py --min-source 100 --data '' -- experiment=bottleneck_bible hydra.mode=RUN \
         attention=bahdanau data.window=4                             # its long windows only (100+ pieces)
+    python scripts/step_profile.py --emulate-avx2 --ops 25           # fp32 with torch kept to AVX2
 
 Each of --steps batches (after 3 warm-up batches) is timed five ways, each forward and backward:
     step         the whole optimizer step, as the Trainer takes it (forward, loss, backward, clip, Adam)
@@ -27,6 +28,10 @@ microseconds a target token: what a phase's time is made of (the profiler adds i
 Runs in fp32 (trainer.amp=off: on CPUs without bf16 hardware that is how nmt-train runs) unless an override
 sets trainer.amp; the "of mm" column is against the fp32 rate either way. --min-source N profiles the
 training examples whose source has N pieces or more only, batched as scripts/step_benchmark.py does.
+--emulate-avx2 starts the script again with torch's ATen kernels, oneDNN and MKL kept to AVX2
+(nmt.device.AVX2_EMULATION; trainer.amp=off after every override): the fp32 path as on an AVX2-only CPU, on
+this one. It is not an AVX2 machine (this CPU's caches, clock and memory stay); the output's first line and the
+JSON (`emulated: avx2`) say so.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.data import collate
 from nmt.decoder import active_rows, first_rows
-from nmt.device import describe_machine, matmul_rate
+from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate
 from nmt.loss import loss_rows, token_loss
 
 WARMUP = 3
@@ -70,6 +75,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     p.add_argument(
         "--matmul-seconds", type=float, default=3.0, help="length of the matmul rate's measurement (default 3)"
+    )
+    p.add_argument(
+        "--emulate-avx2",
+        action="store_true",
+        help="run again with ATen, oneDNN and MKL kept to AVX2 and trainer.amp=off (an emulation, not an AVX2 CPU)",
     )
     args = p.parse_args(argv)
     if args.steps < 1 or args.threads < 1 or args.min_source < 0 or args.matmul_seconds <= 0:
@@ -167,6 +177,11 @@ def flops(fn) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    if args.emulate_avx2:
+        emulate_avx2()  # this process again, with AVX2_EMULATION in its environment (returns in that one)
+        overrides = [*overrides, "trainer.amp=off"]
+        variables = " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
+        print(f"EMULATED AVX2 ({variables}, trainer.amp=off): an emulation on this CPU, not a real AVX2 machine")
     torch.set_num_threads(args.threads)
     root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
     cfg = compose_config(["experiment=multi30k_deen", *root, "trainer.progress=false", "trainer.amp=off", *overrides])
@@ -263,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "overrides": overrides,
             "threads": args.threads,
+            "emulated": emulated(),  # "avx2": --emulate-avx2, not a real AVX2 machine
             "machine": describe_machine(args.threads),
             "matmul_fp32_gflops": rate,
             "min_source": args.min_source,
