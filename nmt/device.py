@@ -189,12 +189,14 @@ def describe_machine(threads: int) -> dict:
     """What a measurement ran on, for benchmark reports: CPU model, the instruction set torch's CPU kernels
     use (cpu_capability: AVX2, AVX512, ...), the CPU's kind and flags that matter (cpu_kind, cpu_flags), a
     ONEDNN_MAX_CPU_ISA below bf16 if set, an emulation (emulate_avx2), whether bf16 is native (AVX-512 BF16 /
-    AMX), cores, threads, versions."""
+    AMX), the malloc in use, cores, threads, versions."""
     import os
     import platform
     from pathlib import Path
 
     import torch
+
+    from nmt.memory import malloc_in_use
 
     cpu = platform.processor() or "unknown"
     try:
@@ -214,6 +216,7 @@ def describe_machine(threads: int) -> dict:
         "onednn_max_cpu_isa": onednn_isa_limit(),
         "emulated": emulated(),  # "avx2": ATEN/oneDNN/MKL kept to AVX2 on a bigger CPU (not a real AVX2 machine)
         "native_bf16": native_bf16("cpu"),
+        "malloc": malloc_in_use(),  # glibc or tcmalloc (nmt.memory): the peak memory depends on it
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "threads": threads,

@@ -118,3 +118,13 @@ def test_the_decoding_report_says_why_its_precision():
     assert _decoding_line({"decoding": decoding}).endswith(", fp32")  # a report from before the reason existed
     decoding["precision_reason"] = "amp=auto: this CPU has no native bf16"
     assert _decoding_line({"decoding": decoding}).endswith(", fp32 (amp=auto: this CPU has no native bf16)")
+
+
+def test_the_machine_record_names_the_malloc(monkeypatch):
+    """Peak memory depends on the malloc (nmt.memory): glibc without LD_PRELOAD, else the preloaded library."""
+    from nmt.memory import malloc_in_use
+
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    assert malloc_in_use() == "glibc" and device.describe_machine(1)["malloc"] == "glibc"
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+    assert malloc_in_use() == "tcmalloc"
