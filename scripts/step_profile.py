@@ -21,8 +21,9 @@ and the decoder recurrence is the rest: step - encoder - output+loss - optimizer
 share is reported apart ("recurrence without attention" = LSTM steps, W_c, dropout, concatenations). Phases
 timed alone do not share caches with the rest of the step; the recurrence, a remainder, absorbs that
 difference (so the parts sum to the whole by construction). Matmul FLOPs per phase come from torch's FLOP
-counter (forward and backward), and each phase's GFLOP/s is set against this machine's measured fp32
-torch.mm rate (512^3). With --ops N, each timed batch's step runs once more under torch.profiler, and the
+counter (forward and backward; taught oneDNN's LSTM layer, which it otherwise counts as 0: `count_lstm_flops`),
+and each phase's GFLOP/s is set against this machine's measured fp32 torch.mm rate (512^3).
+With --ops N, each timed batch's step runs once more under torch.profiler, and the
 N operators with the most time of their own (not counting the operators they call) are listed, with their calls and
 microseconds a target token: what a phase's time is made of (the profiler adds its own cost to each call).
 Runs in fp32 (trainer.amp=off: on CPUs without bf16 hardware that is how nmt-train runs) unless an override
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -169,6 +171,34 @@ def operators(steps: list[Phases], tokens: int, top: int) -> tuple[float, list[d
     ]
 
 
+def _lstm_layer_flops(x_shape, w_ih_shape, w_hh_shape) -> int:
+    """One direction of an LSTM layer over x (B, S, in) or (S, B, in): 4H x (in + H) multiply-adds a token."""
+    tokens = math.prod(x_shape[:-1])
+    return 2 * tokens * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
+
+
+def count_lstm_flops() -> None:
+    """Teach torch's FLOP counter oneDNN's LSTM layer (nn.LSTM on a CPU runs aten::mkldnn_rnn_layer, which it has
+    no formula for, and counted as 0: the encoder's matmuls were missing from its phase and from the step).
+    Forward: the gate matmuls W_ih x and W_hh h of every token; backward: twice that (input and weight grads)."""
+    from torch.utils.flop_counter import register_flop_formula
+
+    def forward(x, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+        return _lstm_layer_flops(x, w_ih, w_hh)
+
+    def backward(x, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+        return 2 * _lstm_layer_flops(x, w_ih, w_hh)
+
+    for op, formula in (
+        (torch.ops.aten.mkldnn_rnn_layer, forward),
+        (torch.ops.aten.mkldnn_rnn_layer_backward, backward),
+    ):
+        try:
+            register_flop_formula(op)(formula)
+        except (RuntimeError, ValueError, AttributeError):  # a torch that counts it already, or has no such op
+            pass
+
+
 def flops(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
@@ -183,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         variables = " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
         print(f"EMULATED AVX2 ({variables}, trainer.amp=off): an emulation on this CPU, not a real AVX2 machine")
     torch.set_num_threads(args.threads)
+    count_lstm_flops()
     root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
     cfg = compose_config(["experiment=multi30k_deen", *root, "trainer.progress=false", "trainer.amp=off", *overrides])
     trainer = build_run(cfg, Path(tempfile.mkdtemp(prefix="nmt-profile-")), "cpu")
@@ -246,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
             "gflops_per_s": round(gflops, 1),
             "fraction_of_matmul_rate": round(gflops / rate, 3),
         }
-    model = trainer.module.config
+    model, machine = trainer.module.config, describe_machine(args.threads)
+    flags = ", ".join(name for name, on in machine["cpu_flags"].items() if on) or "none of avx2/avx512/amx"
+    print(
+        f"machine: {machine['cpu_model']} ({machine['cpu_kind']}: {flags}; torch's CPU capability "
+        f"{machine['cpu_capability']}), malloc {machine['malloc']}"
+    )
     print(
         f"{len(batches) - WARMUP} batches, {sentences} sentences, {tokens} target tokens, "
         f"{tokens / seconds['step']:.0f} target tokens/s; {model.attention} (query {model.attention_query}, "
@@ -279,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "overrides": overrides,
             "threads": args.threads,
             "emulated": emulated(),  # "avx2": --emulate-avx2, not a real AVX2 machine
-            "machine": describe_machine(args.threads),
+            "machine": machine,
             "matmul_fp32_gflops": rate,
             "min_source": args.min_source,
             "batches": len(batches) - WARMUP,

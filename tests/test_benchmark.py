@@ -404,3 +404,27 @@ def test_emulated_avx2_trains_in_fp32_and_the_table_says_it_is_an_emulation(tiny
     assert table.startswith("**EMULATED AVX2** (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ")
     assert "not a real AVX2 machine" in table.splitlines()[0]
     assert not bench.format_table(tiny[2]).startswith("**EMULATED")
+
+
+def test_step_profile_counts_the_flops_of_onednns_lstm():
+    """torch's FLOP counter has no formula for aten::mkldnn_rnn_layer (nn.LSTM on a CPU) and counted 0 for the
+    encoder's LSTM; step_profile teaches it: 3 x the gate matmuls of every token, direction and layer."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = importlib.util.spec_from_file_location("step_profile", SCRIPT.parent / "step_profile.py")
+    sys.path.insert(0, str(SCRIPT.parent))  # it imports its neighbour step_benchmark
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    module.count_lstm_flops()
+    module.count_lstm_flops()  # a second call changes nothing
+    rnn = torch.nn.LSTM(32, 16, batch_first=True, bidirectional=True, num_layers=2)
+    with FlopCounterMode(display=False) as counter:
+        rnn(torch.randn(5, 7, 32))[0].sum().backward()
+    per_token_direction = 2 * 4 * 16 * (32 + 16)  # both layers read 32 inputs (the second: 2 x 16)
+    counted = counter.get_total_flops()
+    if torch.backends.mkldnn.is_available() and counted:  # where nn.LSTM takes oneDNN's layer
+        assert counted == 3 * 5 * 7 * 2 * 2 * per_token_direction
