@@ -376,6 +376,7 @@ def decode_only(
         "beam": beam,
         "sentences": len(sources),
         "precision": translator.settings["precision"],
+        "precision_reason": translator.settings["precision_reason"],
         "decode_seconds": round(seconds, 3),
         "sentences_per_s": round(len(sources) / seconds, 2),
         "bleu": scores["bleu"],

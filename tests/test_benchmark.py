@@ -140,6 +140,7 @@ def test_tiny_run_writes_the_expected_json(tiny):
         positive(dec, "decode_seconds", "process_seconds", "sentences_per_s")
         assert 0 <= dec["bleu"] <= 100 and dec["process_output_matches"] is True
         assert dec["precision"] in ("bf16", "fp32") and ("fp32" in dec) == (dec["precision"] == "bf16")
+        assert dec["precision_reason"].startswith("amp=auto: ")  # why bf16 or not, in words
         if "fp32" in dec:
             assert dec["fp32"]["precision"] == "fp32" and 0 <= dec["fp32"]["bleu"] <= 100
     flops = report["flops"]
