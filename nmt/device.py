@@ -46,16 +46,57 @@ def step_dtype(device_type: str) -> torch.dtype | None:
     return torch.float32 if device_type == "cpu" else autocast_dtype(device_type)
 
 
+# /proc/cpuinfo flags that decide how fast a CPU computes this model's matmuls in fp32 and in bf16
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+# oneDNN ISAs (ONEDNN_MAX_CPU_ISA) below AVX-512 BF16: with one of these set, oneDNN has no bf16 kernel to run
+_ONEDNN_NO_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+
+
+@cache
+def cpu_flags() -> dict[str, bool]:
+    """Which of CPU_FLAGS /proc/cpuinfo lists (all False where it lists none: not Linux, or not x86)."""
+    from pathlib import Path
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+    return {name: name in flags for name in CPU_FLAGS}
+
+
+def cpu_kind(flags: dict[str, bool] | None = None) -> str:
+    """One word for the CPU's matmul hardware, from `flags` (default cpu_flags()): AMX, AVX512_BF16, AVX512,
+    AVX2, or the machine's architecture (AARCH64, ...) on CPUs without these x86 flags."""
+    import platform
+
+    flags = cpu_flags() if flags is None else flags
+    for kind, flag in (("AMX", "amx_bf16"), ("AVX512_BF16", "avx512_bf16"), ("AVX512", "avx512f"), ("AVX2", "avx2")):
+        if flags.get(flag):
+            return kind
+    return (platform.machine() or "unknown").upper()
+
+
+def onednn_isa_limit() -> str | None:
+    """ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA) where it keeps oneDNN, which computes torch's bf16
+    matmuls and LSTMs on a CPU, below AVX-512 BF16; None where it is unset or allows bf16."""
+    import os
+
+    value = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return value if value in _ONEDNN_NO_BF16 else None
+
+
 @cache
 def native_bf16(device_type: str) -> bool:
     """Whether `device_type` computes bf16 matmuls in hardware: CUDA GPUs from Ampere on, and CPUs with
-    AVX-512 BF16 or AMX (the README's Performance section has the measured gain over fp32).
-    Elsewhere bf16 is emulated and slower than fp32."""
+    AVX-512 BF16 or AMX (the README's Performance section has the measured gain over fp32) unless
+    ONEDNN_MAX_CPU_ISA keeps oneDNN below them (onednn_isa_limit). Elsewhere bf16 is emulated and slower than
+    fp32 (an AVX2 CPU: about 1 GFLOP/s against 110-165 for fp32, issue 42; bf16_reason says which case)."""
     import torch
 
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    if device_type == "cpu":
+    if device_type == "cpu" and onednn_isa_limit() is None:
         for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
             check = getattr(torch.cpu, probe, None)  # private helpers: absent on some builds
             try:
@@ -66,21 +107,96 @@ def native_bf16(device_type: str) -> bool:
     return False
 
 
-def use_bf16(amp: str, device_type: str, option: str = "amp") -> bool:
-    """Whether to compute under bf16 autocast: amp is "bf16", or "auto" on hardware with native bf16;
-    anything but auto, bf16 or off is a ConfigError naming `option`."""
+def bf16_reason(device_type: str) -> str:
+    """Why bf16 is native on `device_type` or not (native_bf16), in words for the log lines and reports, e.g.
+    "AMX computes bf16 natively" or "this CPU has no native bf16 (AVX2, no AVX-512 BF16 or AMX), where bf16
+    matmuls are emulated and slower"."""
+    native = native_bf16(device_type)
+    if device_type == "cuda":
+        return "this GPU computes bf16 natively" if native else "no CUDA GPU with native bf16 (Ampere or later)"
+    if device_type != "cpu":
+        return f"no native bf16 known on {device_type}"
+    flags = cpu_flags()
+    if native:
+        unit = "AMX" if flags["amx_bf16"] else "AVX-512 BF16" if flags["avx512_bf16"] else "this CPU"
+        return f"{unit} computes bf16 natively"
+    limit = onednn_isa_limit()
+    if limit is not None:
+        return (
+            f"ONEDNN_MAX_CPU_ISA={limit} keeps oneDNN below AVX-512 BF16 on this {cpu_kind(flags)} CPU, "
+            "where bf16 matmuls are emulated and slower"
+        )
+    return (
+        f"this CPU has no native bf16 ({cpu_kind(flags)}, no AVX-512 BF16 or AMX), "
+        "where bf16 matmuls are emulated and slower"
+    )
+
+
+def precision_choice(amp: str, device_type: str, option: str = "amp") -> tuple[bool, str]:
+    """(whether to compute under bf16 autocast, why): amp is "bf16", or "auto" on hardware with native bf16
+    (never bf16 under auto without it); anything but auto, bf16 or off is a ConfigError naming `option`.
+    The reason names the setting and, for auto, bf16_reason's words, e.g. "trainer.amp=auto: AMX computes
+    bf16 natively"."""
     amp = choice(Amp, amp, option)
-    return amp == "bf16" or (amp == "auto" and native_bf16(device_type))
+    if amp == Amp.off:
+        return False, f"{option}=off"
+    if amp == Amp.bf16:
+        native = native_bf16(device_type)
+        return True, f"{option}=bf16" + ("" if native else f", although {bf16_reason(device_type)}")
+    return native_bf16(device_type), f"{option}=auto: {bf16_reason(device_type)}"
+
+
+def use_bf16(amp: str, device_type: str, option: str = "amp") -> bool:
+    """Whether to compute under bf16 autocast (precision_choice without the reason)."""
+    return precision_choice(amp, device_type, option)[0]
+
+
+# What makes torch compute as on an AVX2-only CPU (scripts/benchmark.py and step_profile.py --emulate-avx2):
+# ATen's vectorised kernels and Inductor's generated code (ATEN_CPU_CAPABILITY), oneDNN (LSTMs, bf16 matmuls:
+# ONEDNN_MAX_CPU_ISA) and MKL (fp32 matmuls: MKL_ENABLE_INSTRUCTIONS). Each read once, when its library starts.
+AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+_EMULATED = "NMT_EMULATED"  # set in the re-executed process: what it emulates
+
+
+def emulate_avx2() -> None:
+    """Start this process again (os.execve: same arguments) with AVX2_EMULATION in its environment, unless it
+    already runs so; then check that torch took it (ConfigError if not: a CPU without AVX2, say). An emulation
+    on a bigger CPU is not an AVX2 machine: its caches, clock and memory stay the bigger CPU's."""
+    import os
+    import sys
+
+    if os.environ.get(_EMULATED) != "avx2":
+        sys.stdout.flush(), sys.stderr.flush()
+        os.execve(sys.executable, list(sys.orig_argv), {**os.environ, **AVX2_EMULATION, _EMULATED: "avx2"})
+    import torch
+
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":
+        raise ConfigError(
+            f"--emulate-avx2: torch runs {torch.backends.cpu.get_cpu_capability()} kernels despite "
+            "ATEN_CPU_CAPABILITY=avx2 (a CPU without AVX2?)"
+        )
+
+
+def emulated() -> str | None:
+    """ "avx2" in a process that emulate_avx2 started (with every variable of AVX2_EMULATION in force), else None."""
+    import os
+
+    ok = os.environ.get(_EMULATED) == "avx2" and all(os.environ.get(k) == v for k, v in AVX2_EMULATION.items())
+    return "avx2" if ok else None
 
 
 def describe_machine(threads: int) -> dict:
-    """What a measurement ran on, for benchmark reports: CPU model, the instruction set torch's CPU
-    kernels use (AVX2, AVX512, ...), whether bf16 is native (AVX-512 BF16 / AMX), cores, threads, versions."""
+    """What a measurement ran on, for benchmark reports: CPU model, the instruction set torch's CPU kernels
+    use (cpu_capability: AVX2, AVX512, ...), the CPU's kind and flags that matter (cpu_kind, cpu_flags), a
+    ONEDNN_MAX_CPU_ISA below bf16 if set, an emulation (emulate_avx2), whether bf16 is native (AVX-512 BF16 /
+    AMX), the malloc in use, cores, threads, versions."""
     import os
     import platform
     from pathlib import Path
 
     import torch
+
+    from nmt.memory import malloc_in_use
 
     cpu = platform.processor() or "unknown"
     try:
@@ -94,8 +210,13 @@ def describe_machine(threads: int) -> dict:
         pass
     return {
         "cpu_model": cpu,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # ATen's kernels (ATEN_CPU_CAPABILITY caps it)
+        "cpu_kind": cpu_kind(),  # the hardware's, from its flags (an emulation does not change it)
+        "cpu_flags": cpu_flags(),
+        "onednn_max_cpu_isa": onednn_isa_limit(),
+        "emulated": emulated(),  # "avx2": ATEN/oneDNN/MKL kept to AVX2 on a bigger CPU (not a real AVX2 machine)
         "native_bf16": native_bf16("cpu"),
+        "malloc": malloc_in_use(),  # glibc or tcmalloc (nmt.memory): the peak memory depends on it
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "threads": threads,

@@ -194,6 +194,15 @@ def started_as_command(argv: list[str] | None = None) -> bool:
     return False
 
 
+def malloc_in_use() -> str:
+    """The malloc this process runs under, as preload_malloc() chose it: tcmalloc, jemalloc, a library's path
+    that LD_PRELOAD names, or glibc. For reports: peak memory depends on it (the module docstring)."""
+    preload = os.environ.get("LD_PRELOAD", "").strip()
+    if not preload:
+        return "glibc"
+    return next((name for name, libs in MALLOC_LIBRARIES.items() if Path(preload).name in libs), preload)
+
+
 def preload_malloc() -> str:
     """Run this program under tcmalloc (or NMT_MALLOC's choice), starting it again with the library in
     LD_PRELOAD (os.execve: same process id, arguments and environment otherwise); returns the malloc in use

@@ -36,9 +36,9 @@ from tqdm import tqdm
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead, tokenizer_fingerprints
-from nmt.device import provenance, use_bf16
+from nmt.device import precision_choice, provenance
 from nmt.errors import NMTError
-from nmt.kernels.compiled import set_kernels
+from nmt.kernels.compiled import choose_kernels, set_kernels
 from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
@@ -160,18 +160,19 @@ class Trainer:
             )
         self._split_epoch: int | None = None
         self.use_epoch(0)
-        bf16 = use_bf16(config.amp, self.device.type, "trainer.amp")
+        bf16, why = precision_choice(config.amp, self.device.type, "trainer.amp")
         self.amp = "bf16" if bf16 else "off"  # resolved
         log.info(
-            "precision: %s (trainer.amp=%s); batches of %d tokens, %s bucketing",
+            "precision: %s (%s); batches of %d tokens, %s bucketing",
             "bf16 autocast" if bf16 else "fp32",
-            config.amp,
+            why,
             config.batch_tokens,
             config.bucketing,
         )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+        why = choose_kernels(config.kernels, self.device)[1]
         self.kernels = set_kernels(config.kernels, self.device).value  # resolved (nmt.kernels.compiled)
-        log.info("kernels: %s (trainer.kernels=%s)", self.kernels, config.kernels)
+        log.info("kernels: %s (%s)", self.kernels, why)
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0
         self.elapsed = 0.0

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from nmt.decoding import Decoding
-from nmt.device import use_bf16
+from nmt.device import precision_choice
 from nmt.errors import ConfigError
 from nmt.model import Seq2Seq
 from nmt.search import search
@@ -68,7 +68,8 @@ class Translator:
         self.tokenizer = tokenizer
         self.decoding = Decoding(beam_size, nbest, length_penalty, max_len_ratio, max_len_extra, batch_tokens, amp)
         # bf16 decoding: faster where the hardware has bf16, same BLEU (scripts/benchmark.py compares both)
-        self.bf16 = use_bf16(amp, self.device.type)
+        self.bf16, self.precision_reason = precision_choice(amp, self.device.type)
+        log.info("decoding precision: %s (%s)", "bf16" if self.bf16 else "fp32", self.precision_reason)
         self.max_src_pieces = max_src_pieces
         self.checkpoint: str | None = None  # set by from_checkpoint; reported by nmt.evaluation
 
@@ -120,6 +121,7 @@ class Translator:
         return {
             **asdict(self.decoding),
             "precision": "bf16" if self.bf16 else "fp32",
+            "precision_reason": self.precision_reason,  # e.g. "amp=auto: AMX computes bf16 natively"
             "max_src_pieces": self.max_src_pieces,
             "device": str(self.device),
             "attention": self.model.config.attention,

@@ -1,4 +1,4 @@
-"""python scripts/benchmark.py [--peer opennmt|joeynmt] [--train-seconds 720] [--out FILE] [KEY=VALUE ...]
+"""python scripts/benchmark.py [--peer opennmt|joeynmt] [--train-seconds 720] [--emulate-avx2] [--out FILE] [K=V ...]
 
 Speed, memory and quality of the `multi30k_deen` preset on this machine, optionally side by side with a
 peer toolkit trained by the recipes in ../shared/peers on the same data, budget and thread count:
@@ -8,30 +8,42 @@ peer toolkit trained by the recipes in ../shared/peers on the same data, budget 
     python scripts/benchmark.py --skip-train run/checkpoints/last.pt     # decoding only
     python scripts/benchmark.py --tiny --out /tmp/b.json         # a few seconds on a synthetic task (tests)
     python scripts/benchmark.py --table old.json                 # re-print an earlier report's table
+    python scripts/benchmark.py --emulate-avx2 --peer opennmt    # fp32 with torch kept to AVX2 (not an AVX2 CPU)
     python scripts/benchmark.py trainer.batch_tokens=3000 --override model.dropout=0.2
 
 What it measures, in order:
-  1. the machine's fp32 and bf16 matmul rates: a 512^3 torch.mm for --matmul-seconds each at --threads threads;
+  1. the machine's fp32 and bf16 matmul rates: a 512^3 torch.mm for --matmul-seconds each at --threads threads
+     (the machine record has the CPU's kind, AVX2 / AVX512 / AVX512_BF16 / AMX, and the /proc/cpuinfo flags
+     that decide it, beside torch's CPU capability);
   2. training (in this process, nmt.trainer.Trainer) for --train-seconds of wall clock, validations included
      in the budget as in the peers' TRAIN_SECONDS (data preparation and start-up are outside it and reported
      apart); validation runs only at the end unless trainer.valid_every is overridden. Sentences/s and target
      tokens/s divide by the training time with every validation taken out; the padding overhead is padded /
      real tokens over epoch 0's batches; the peak memory is this whole process's ru_maxrss right after
      training (data preparation included);
-  3. model FLOPs per training sentence, counted from the model config and the training set's mean lengths
+  3. the matmul rates again right after training, in the same process (fp32, and bf16 where training ran
+     under bf16 autocast): a shared machine's speed moves while it trains;
+  4. model FLOPs per training sentence, counted from the model config and the training set's mean lengths
      (see `forward_flops`), and the fraction of the measured matmul rate (bf16 when training ran under bf16
-     autocast, else fp32) that training achieves;
-  4. decoding of the test split (Multi30k: test_2016_flickr, 1,000 sentences) greedy and beam 5 with the
+     autocast, else fp32) that training achieves: against the rate before training, after it, and their mean;
+  5. decoding of the test split (Multi30k: test_2016_flickr, 1,000 sentences) greedy and beam 5 with the
      last checkpoint: decode-only seconds (Translator.translate in this process) and whole-process seconds
      (`nmt-translate CKPT --beam N < test.src > hyp` timed end to end), with sacreBLEU on detokenized text;
-  5. each --peer: `bash <peer-dir>/<peer>.sh` with WORK=<work>/peer, DATA, TRAIN_SECONDS and THREADS, then
+  6. each --peer: `bash <peer-dir>/<peer>.sh` with WORK=<work>/peer, DATA, TRAIN_SECONDS and THREADS, then
      its summary JSON. A failing peer prints its log tail; our figures are still written. The first run in a
      --work folder pip-installs the peer into <work>/peer (network needed); pass the same --work to reuse it.
 
+--emulate-avx2 starts the script again with torch's ATen kernels, oneDNN and MKL kept to AVX2
+(nmt.device.AVX2_EMULATION) and trainer.amp=off, peers included: fp32 as on an AVX2-only CPU, on this one.
+It is not an AVX2 machine (this CPU's caches, clock and memory stay); the JSON says `emulated: avx2` and so
+does the table's first line.
+
 The table (markdown) goes to stdout and every raw number to --out (JSON): command, date, args, overrides,
-machine, device, matmul, train (null with --skip-train), decode (greedy, beam5), model, flops, figures
-(the table's row values, ours), peers (<name>: ok, summary, figures or error and log_tail), floors.
-Performance is only reported, never asserted: the issue's floors are listed with the figures they compare.
+emulated, machine, device, matmul and matmul_bf16 (before training), matmul_after and matmul_bf16_after
+(after it; bf16 only where training used it), train (null with --skip-train), decode (greedy, beam5), model,
+flops, figures (the table's row values, ours), peers (<name>: ok, summary, figures or error and log_tail),
+floors. Performance is only reported, never asserted: the issue's floors are listed with the figures they
+compare.
 """
 
 from __future__ import annotations
@@ -65,7 +77,7 @@ from nmt.cli.common import (
     user_errors,
 )
 from nmt.data import PreparedData, padding_overhead
-from nmt.device import describe_machine, matmul_rate, resolve_device
+from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate, resolve_device
 from nmt.memory import tune_allocator, tune_for_decoding, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig
@@ -130,6 +142,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-train", metavar="CHECKPOINT", default=None, help="do not train; decode this checkpoint")
     p.add_argument("--tiny", action="store_true", help="a synthetic task and a tiny model: seconds, for tests")
     p.add_argument(
+        "--emulate-avx2",
+        action="store_true",
+        help="run again with ATen, oneDNN and MKL kept to AVX2 and trainer.amp=off\n"
+        "(fp32 as on an AVX2-only CPU; an emulation, not an AVX2 machine)",
+    )
+    p.add_argument(
         "--table",
         metavar="JSON",
         default=None,
@@ -162,6 +180,8 @@ def benchmark_config(args: argparse.Namespace, work: Path) -> tuple[DictConfig, 
         *args.override,
         *args.overrides,
     ]
+    if args.emulate_avx2:
+        overrides.append("trainer.amp=off")  # last, so it wins: an AVX2-only CPU trains in fp32
     return compose_config(overrides), overrides
 
 
@@ -235,19 +255,29 @@ def flops_report(
     tgt_lengths: torch.Tensor,
     sentences_per_s: float | None,
     matmul_gflops: float,
+    matmul_gflops_after: float | None = None,
 ) -> dict:
-    """FLOPs per training sentence averaged over the training set; the achieved share of the matmul rate."""
+    """FLOPs per training sentence averaged over the training set; the achieved share of the matmul rate
+    measured before training (fraction_of_matmul), after it (fraction_of_matmul_after, where measured) and the
+    mean of the two fractions (fraction_of_matmul_mean)."""
     forward = float(forward_flops(cfg, tgt_vocab, src_lengths.double(), tgt_lengths.double()).mean())
     train = 3 * forward
     achieved = train * sentences_per_s / 1e9 if sentences_per_s else None
+    before = achieved / matmul_gflops if achieved else None
+    after = achieved / matmul_gflops_after if achieved and matmul_gflops_after else None
+    mean_rate = (matmul_gflops + matmul_gflops_after) / 2 if matmul_gflops_after else matmul_gflops
     return {
         "mean_src_pieces": round(float(src_lengths.double().mean()), 3),
         "mean_tgt_pieces": round(float(tgt_lengths.double().mean()), 3),
         "forward_gflop_per_sentence": round(forward / 1e9, 4),
         "train_gflop_per_sentence": round(train / 1e9, 4),
         "achieved_gflops": round(achieved, 2) if achieved else None,
-        "fraction_of_matmul": round(achieved / matmul_gflops, 4) if achieved else None,
-        "sentences_per_s_at_matmul_rate": round(matmul_gflops * 1e9 / train, 1),
+        "matmul_gflops": matmul_gflops,
+        "matmul_gflops_after": matmul_gflops_after,
+        "fraction_of_matmul": round(before, 4) if before else None,
+        "fraction_of_matmul_after": round(after, 4) if after else None,
+        "fraction_of_matmul_mean": round((before + after) / 2, 4) if before and after else None,
+        "sentences_per_s_at_matmul_rate": round(mean_rate * 1e9 / train, 1),  # the mean of both rates, if two
     }
 
 
@@ -348,6 +378,7 @@ def decode_only(
         "beam": beam,
         "sentences": len(sources),
         "precision": translator.settings["precision"],
+        "precision_reason": translator.settings["precision_reason"],
         "decode_seconds": round(seconds, 3),
         "sentences_per_s": round(len(sources) / seconds, 2),
         "bleu": scores["bleu"],
@@ -569,12 +600,31 @@ TABLE_ROWS: list[tuple[str, str, str]] = [  # (label, figure key, format)
 ]
 
 
+def machine_line(report: dict) -> str:
+    """The CPU the figures come from, in one line; an emulation says so first and plainly."""
+    m = report.get("machine") or {}
+    flags = ", ".join(name for name, on in (m.get("cpu_flags") or {}).items() if on) or "flags not recorded"
+    cpu = (
+        f"{m.get('cpu_model', '?')} ({m.get('cpu_kind', 'kind not recorded')}: {flags}; torch's CPU capability "
+        f"{m.get('cpu_capability', '?')}), {m.get('threads', '?')} thread(s), torch {m.get('torch', '?')}"
+    )
+    if report.get("emulated") == "avx2":
+        variables = " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
+        return (
+            f"**EMULATED AVX2** ({variables}, trainer.amp=off) on {cpu}: an emulation, not a real AVX2 machine "
+            "(this CPU's caches, clock and memory)"
+        )
+    return f"machine: {cpu}"
+
+
 def format_table(report: dict) -> str:
-    """Markdown: the side-by-side figures (ours, each peer, ours/peer), our own extras, then the floors."""
+    """Markdown: the machine (and an emulation, plainly), the side-by-side figures (ours, each peer, ours/peer),
+    our own extras, then the floors."""
     peers = {n: p["figures"] for n, p in report["peers"].items() if p.get("ok")}
     scale: dict[str, Callable[[float], float]] = {"parameters": lambda v: v / 1e6}
     head = ["metric", "ours"] + [c for n in peers for c in (n, f"ours/{n}")]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [machine_line(report), ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, key, spec in TABLE_ROWS:
         conv = scale.get(key, lambda v: v)
         ours = report["figures"].get(key)
@@ -587,6 +637,7 @@ def format_table(report: dict) -> str:
 
     train, flops, mm = report.get("train") or {}, report["flops"], report["matmul"]
     mm16 = report.get("matmul_bf16") or {}
+    mm_after, mm16_after = report.get("matmul_after") or {}, report.get("matmul_bf16_after") or {}
     extras = [
         (
             "training seconds (validation excluded) / validation seconds",
@@ -600,12 +651,18 @@ def format_table(report: dict) -> str:
         ("model GFLOP per training sentence (3 x forward)", fmt(flops["train_gflop_per_sentence"], ".3f")),
         ("achieved training GFLOP/s", fmt(flops["achieved_gflops"], ".1f")),
         (
-            f"torch.mm {mm['n']}^3 fp32 / bf16 GFLOP/s, {mm['threads']} thread(s)",
+            f"torch.mm {mm['n']}^3 fp32 / bf16 GFLOP/s, {mm['threads']} thread(s), before training",
             f"{fmt(mm['gflops'], '.1f')} / {fmt(mm16.get('gflops'), '.1f')}",
         ),
         (
-            f"achieved fraction of the matmul rate ({flops.get('matmul_dtype', 'float32')})",
-            fmt(flops["fraction_of_matmul"], ".3f"),
+            "torch.mm fp32 / bf16 GFLOP/s right after training",
+            f"{fmt(mm_after.get('gflops'), '.1f')} / {fmt(mm16_after.get('gflops'), '.1f')}",
+        ),
+        (
+            f"achieved fraction of the matmul rate ({flops.get('matmul_dtype', 'float32')}): "
+            "before / after training, mean",
+            f"{fmt(flops['fraction_of_matmul'], '.3f')} / {fmt(flops.get('fraction_of_matmul_after'), '.3f')}, "
+            f"{fmt(flops.get('fraction_of_matmul_mean'), '.3f')}",
         ),
         ("sentences/s at the matmul rate", fmt(flops["sentences_per_s_at_matmul_rate"], ".1f")),
     ]
@@ -651,7 +708,10 @@ def model_and_flops(checkpoint: Path, corpus, data: PreparedData | None, report:
     sentences_per_s = (report["train"] or {}).get("sentences_per_s")
     bf16 = (report["train"] or {}).get("amp") == "bf16" and report.get("matmul_bf16")
     rate = report["matmul_bf16"] if bf16 else report["matmul"]  # the precision training ran its matmuls in
-    flops = flops_report(model.config, model.tgt_vocab, src_lengths, tgt_lengths, sentences_per_s, rate["gflops"])
+    after = report.get("matmul_bf16_after" if bf16 else "matmul_after") or {}
+    flops = flops_report(
+        model.config, model.tgt_vocab, src_lengths, tgt_lengths, sentences_per_s, rate["gflops"], after.get("gflops")
+    )
     flops["matmul_dtype"] = rate["dtype"]
     return info, flops
 
@@ -679,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
         return retable(Path(args.table), Path(args.out) if args.out else None)
+    if args.emulate_avx2:
+        emulate_avx2()  # this process again, with AVX2_EMULATION in its environment (returns in that one)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     work = Path(args.work or tempfile.mkdtemp(prefix="nmt-benchmark-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -692,6 +754,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "overrides": overrides,
         "work": str(work),
+        "emulated": emulated(),  # "avx2": --emulate-avx2 (nmt.device.AVX2_EMULATION), not a real AVX2 machine
         "machine": describe_machine(args.threads),
         "device": device,
         "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)
@@ -707,6 +770,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report["train"], checkpoint, data = train(cfg, work / "run", device)
         corpus = data.corpus
+        log.info("matmul rate again, right after training")
+        report["matmul_after"] = matmul_rate(args.threads, args.matmul_seconds)
+        if report["train"]["amp"] == "bf16":
+            report["matmul_bf16_after"] = matmul_rate(args.threads, args.matmul_seconds, dtype=torch.bfloat16)
     pairs = corpus.splits[TEST_SPLIT]
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     report["decode"] = {"split": TEST_SPLIT, "corpus": corpus.name, "checkpoint": str(checkpoint)}

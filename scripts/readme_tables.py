@@ -50,6 +50,12 @@ def command_text(command: str) -> str:
 def machine_text(machine: dict) -> str:
     """e.g. 'AMD EPYC, AVX512, native bf16, 2 threads, torch 2.13.0+cpu' from a JSON `machine` section."""
     parts = [str(machine.get("cpu_model") or "CPU not recorded")]
+    if machine.get("emulated"):  # scripts/benchmark.py --emulate-avx2: say it first, plainly
+        parts[0] = (
+            f"EMULATED {str(machine['emulated']).upper()} on {parts[0]} (not a real {machine['emulated']} machine)"
+        )
+    if machine.get("cpu_kind"):
+        parts.append(f"kind {machine['cpu_kind']}")
     if machine.get("cpu_capability"):
         parts.append(str(machine["cpu_capability"]))
     if "native_bf16" in machine:

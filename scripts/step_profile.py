@@ -1,4 +1,4 @@
-"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--ops N] [--out FILE] [-- KEY=VALUE ...]
+"""python scripts/step_profile.py [--steps 20] [--threads 2] [--data DIR] [--ops N] [--emulate-avx2] [--out F] [-- K=V]
 
 Where a training step's time goes, phase by phase, on the batches nmt-train would train on:
 
@@ -7,6 +7,7 @@ Where a training step's time goes, phase by phase, on the batches nmt-train woul
         data.window=4                                                # the study's RNNsearch on verse windows
     python scripts/step_profile.py --min-source 100 --data '' -- experiment=bottleneck_bible hydra.mode=RUN \
         attention=bahdanau data.window=4                             # its long windows only (100+ pieces)
+    python scripts/step_profile.py --emulate-avx2 --ops 25           # fp32 with torch kept to AVX2
 
 Each of --steps batches (after 3 warm-up batches) is timed five ways, each forward and backward:
     step         the whole optimizer step, as the Trainer takes it (forward, loss, backward, clip, Adam)
@@ -20,19 +21,25 @@ and the decoder recurrence is the rest: step - encoder - output+loss - optimizer
 share is reported apart ("recurrence without attention" = LSTM steps, W_c, dropout, concatenations). Phases
 timed alone do not share caches with the rest of the step; the recurrence, a remainder, absorbs that
 difference (so the parts sum to the whole by construction). Matmul FLOPs per phase come from torch's FLOP
-counter (forward and backward), and each phase's GFLOP/s is set against this machine's measured fp32
-torch.mm rate (512^3). With --ops N, each timed batch's step runs once more under torch.profiler, and the
+counter (forward and backward; taught oneDNN's LSTM layer, which it otherwise counts as 0: `count_lstm_flops`),
+and each phase's GFLOP/s is set against this machine's measured fp32 torch.mm rate (512^3).
+With --ops N, each timed batch's step runs once more under torch.profiler, and the
 N operators with the most time of their own (not counting the operators they call) are listed, with their calls and
 microseconds a target token: what a phase's time is made of (the profiler adds its own cost to each call).
 Runs in fp32 (trainer.amp=off: on CPUs without bf16 hardware that is how nmt-train runs) unless an override
 sets trainer.amp; the "of mm" column is against the fp32 rate either way. --min-source N profiles the
 training examples whose source has N pieces or more only, batched as scripts/step_benchmark.py does.
+--emulate-avx2 starts the script again with torch's ATen kernels, oneDNN and MKL kept to AVX2
+(nmt.device.AVX2_EMULATION; trainer.amp=off after every override): the fp32 path as on an AVX2-only CPU, on
+this one. It is not an AVX2 machine (this CPU's caches, clock and memory stay); the output's first line and the
+JSON (`emulated: avx2`) say so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -48,7 +55,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.data import collate
 from nmt.decoder import active_rows, first_rows
-from nmt.device import describe_machine, matmul_rate
+from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate
 from nmt.loss import loss_rows, token_loss
 
 WARMUP = 3
@@ -70,6 +77,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     )
     p.add_argument(
         "--matmul-seconds", type=float, default=3.0, help="length of the matmul rate's measurement (default 3)"
+    )
+    p.add_argument(
+        "--emulate-avx2",
+        action="store_true",
+        help="run again with ATen, oneDNN and MKL kept to AVX2 and trainer.amp=off (an emulation, not an AVX2 CPU)",
     )
     args = p.parse_args(argv)
     if args.steps < 1 or args.threads < 1 or args.min_source < 0 or args.matmul_seconds <= 0:
@@ -159,6 +171,34 @@ def operators(steps: list[Phases], tokens: int, top: int) -> tuple[float, list[d
     ]
 
 
+def _lstm_layer_flops(x_shape, w_ih_shape, w_hh_shape) -> int:
+    """One direction of an LSTM layer over x (B, S, in) or (S, B, in): 4H x (in + H) multiply-adds a token."""
+    tokens = math.prod(x_shape[:-1])
+    return 2 * tokens * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
+
+
+def count_lstm_flops() -> None:
+    """Teach torch's FLOP counter oneDNN's LSTM layer (nn.LSTM on a CPU runs aten::mkldnn_rnn_layer, which it has
+    no formula for, and counted as 0: the encoder's matmuls were missing from its phase and from the step).
+    Forward: the gate matmuls W_ih x and W_hh h of every token; backward: twice that (input and weight grads)."""
+    from torch.utils.flop_counter import register_flop_formula
+
+    def forward(x, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+        return _lstm_layer_flops(x, w_ih, w_hh)
+
+    def backward(x, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+        return 2 * _lstm_layer_flops(x, w_ih, w_hh)
+
+    for op, formula in (
+        (torch.ops.aten.mkldnn_rnn_layer, forward),
+        (torch.ops.aten.mkldnn_rnn_layer_backward, backward),
+    ):
+        try:
+            register_flop_formula(op)(formula)
+        except (RuntimeError, ValueError, AttributeError):  # a torch that counts it already, or has no such op
+            pass
+
+
 def flops(fn) -> int:
     with FlopCounterMode(display=False) as counter:
         fn()
@@ -167,7 +207,13 @@ def flops(fn) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
+    if args.emulate_avx2:
+        emulate_avx2()  # this process again, with AVX2_EMULATION in its environment (returns in that one)
+        overrides = [*overrides, "trainer.amp=off"]
+        variables = " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items())
+        print(f"EMULATED AVX2 ({variables}, trainer.amp=off): an emulation on this CPU, not a real AVX2 machine")
     torch.set_num_threads(args.threads)
+    count_lstm_flops()
     root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
     cfg = compose_config(["experiment=multi30k_deen", *root, "trainer.progress=false", "trainer.amp=off", *overrides])
     trainer = build_run(cfg, Path(tempfile.mkdtemp(prefix="nmt-profile-")), "cpu")
@@ -231,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
             "gflops_per_s": round(gflops, 1),
             "fraction_of_matmul_rate": round(gflops / rate, 3),
         }
-    model = trainer.module.config
+    model, machine = trainer.module.config, describe_machine(args.threads)
+    flags = ", ".join(name for name, on in machine["cpu_flags"].items() if on) or "none of avx2/avx512/amx"
+    print(
+        f"machine: {machine['cpu_model']} ({machine['cpu_kind']}: {flags}; torch's CPU capability "
+        f"{machine['cpu_capability']}), malloc {machine['malloc']}"
+    )
     print(
         f"{len(batches) - WARMUP} batches, {sentences} sentences, {tokens} target tokens, "
         f"{tokens / seconds['step']:.0f} target tokens/s; {model.attention} (query {model.attention_query}, "
@@ -263,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "overrides": overrides,
             "threads": args.threads,
-            "machine": describe_machine(args.threads),
+            "emulated": emulated(),  # "avx2": --emulate-avx2, not a real AVX2 machine
+            "machine": machine,
             "matmul_fp32_gflops": rate,
             "min_source": args.min_source,
             "batches": len(batches) - WARMUP,

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nmt.attention import ATTENTIONS
+from nmt.device import AVX2_EMULATION, CPU_FLAGS, cpu_flags, cpu_kind
 from nmt.memory import ENV_DEFAULTS
 from nmt.model import ModelConfig
 
@@ -110,9 +111,15 @@ def test_tiny_run_writes_the_expected_json(tiny):
     machine = report["machine"]
     assert machine["threads"] == 1 and machine["cores"] >= 1 and machine["cpu_model"] and machine["torch"]
     assert machine["cpu_capability"] and isinstance(machine["native_bf16"], bool)  # which CPU kind: in every report
+    assert machine["cpu_kind"] == cpu_kind(machine["cpu_flags"]) and set(machine["cpu_flags"]) == set(CPU_FLAGS)
+    assert report["emulated"] is None and machine["emulated"] is None
     positive(report["matmul"], "gflops", "calls", "seconds")
     positive(report["matmul_bf16"], "gflops", "calls", "seconds")
     assert (report["matmul"]["dtype"], report["matmul_bf16"]["dtype"]) == ("float32", "bfloat16")
+    # measured again right after training: fp32 always, bf16 where training ran in bf16
+    positive(report["matmul_after"], "gflops", "calls", "seconds")
+    assert report["matmul_after"]["dtype"] == "float32"
+    assert ("matmul_bf16_after" in report) == (report["train"]["amp"] == "bf16")
     assert report["train"]["amp"] in ("bf16", "off") and report["train"]["bucketing"] in ("exact", "sorted")
     positive(
         report["train"],
@@ -133,15 +140,27 @@ def test_tiny_run_writes_the_expected_json(tiny):
         positive(dec, "decode_seconds", "process_seconds", "sentences_per_s")
         assert 0 <= dec["bleu"] <= 100 and dec["process_output_matches"] is True
         assert dec["precision"] in ("bf16", "fp32") and ("fp32" in dec) == (dec["precision"] == "bf16")
+        assert dec["precision_reason"].startswith("amp=auto: ")  # why bf16 or not, in words
         if "fp32" in dec:
             assert dec["fp32"]["precision"] == "fp32" and 0 <= dec["fp32"]["bleu"] <= 100
+    flops = report["flops"]
     positive(
-        report["flops"],
+        flops,
         "train_gflop_per_sentence",
         "achieved_gflops",
         "fraction_of_matmul",
+        "fraction_of_matmul_after",
+        "fraction_of_matmul_mean",
         "mean_src_pieces",
         "mean_tgt_pieces",
+    )
+    rates = (report["matmul_bf16"], report["matmul_bf16_after"]) if report["train"]["amp"] == "bf16" else None
+    rates = rates or (report["matmul"], report["matmul_after"])
+    assert (flops["matmul_gflops"], flops["matmul_gflops_after"]) == tuple(r["gflops"] for r in rates)
+    for key, rate in (("fraction_of_matmul", rates[0]), ("fraction_of_matmul_after", rates[1])):
+        assert flops[key] == pytest.approx(flops["achieved_gflops"] / rate["gflops"], rel=1e-2, abs=1e-4)
+    assert flops["fraction_of_matmul_mean"] == pytest.approx(
+        (flops["fraction_of_matmul"] + flops["fraction_of_matmul_after"]) / 2, abs=1e-4
     )
     positive(report["model"], "parameters")
     assert len(report["floors"]) == 5
@@ -161,13 +180,15 @@ def test_peers_side_by_side_and_a_failing_peer(tiny):
     assert any("something went wrong" in line for line in joey["log_tail"])
     assert "something went wrong" in proc.stderr  # the failing peer's log tail is shown
     assert "| metric | ours | opennmt | ours/opennmt |" in proc.stdout  # the failed peer gets no column
+    assert proc.stdout.startswith(f"machine: {report['machine']['cpu_model']} ({report['machine']['cpu_kind']}")
+    assert "| achieved fraction of the matmul rate" in proc.stdout and "before / after training, mean |" in proc.stdout
     assert report["floors"][0]["basis"] == "OpenNMT-py, this run"
 
 
 def test_skip_train_only_decodes(tiny):
     tmp, _, first = tiny
     proc, report = run_benchmark(tmp / "again", "--skip-train", first["train"]["checkpoint"])
-    assert report["train"] is None
+    assert report["train"] is None and "matmul_after" not in report  # no training: nothing to measure after
     assert report["decode"]["greedy"]["sentences"] == 20
     assert report["flops"]["achieved_gflops"] is None and report["flops"]["train_gflop_per_sentence"] > 0
     assert "| test BLEU beam 5 |" in proc.stdout
@@ -324,7 +345,8 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention, min_sourc
     """scripts/step_profile.py on a tiny synthetic setting: the phases sum to the step, the matmul-heavy ones
     have FLOPs, the attention is timed in both decoder orders (stepwise queries and all steps at once), and
     --ops lists the operators with the most self time, most first. --min-source N (bahdanau's run): the profile's
-    batches hold only examples whose source has N pieces or more (the JSON says N); none that long is an error."""
+    batches hold only examples whose source has N pieces or more (the JSON says N); none that long is an error.
+    Bahdanau's run is also --emulate-avx2 where the CPU has AVX2: torch's kernels AVX2, fp32, and said so."""
     out = tmp_path / "profile.json"
     tiny = ["experiment=quick", f"attention={attention}", "model.input_feeding=false", "data.train_size=300"]
     if min_source:
@@ -343,10 +365,17 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention, min_sourc
     ]
     overrides = ["--", *tiny, f"paths.data_dir={tmp_path / 'data'}"]
     options = dict(capture_output=True, text=True, timeout=300, cwd=ROOT)
-    profile = [*cmd, "--ops", "5", "--out", str(out), "--min-source", str(min_source), *overrides]
+    emulate = ["--emulate-avx2"] if min_source and cpu_flags()["avx2"] else []
+    profile = [*cmd, *emulate, "--ops", "5", "--out", str(out), "--min-source", str(min_source), *overrides]
     proc = subprocess.run(profile, **options)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
+    if emulate:
+        assert report["emulated"] == "avx2" and report["machine"]["cpu_capability"] == "AVX2"
+        assert report["overrides"][-1] == "trainer.amp=off" and report["machine"]["native_bf16"] is False
+        assert proc.stdout.startswith("EMULATED AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2_EMULATION.items()))
+    else:
+        assert report["emulated"] is None
     assert report["min_source"] == min_source and report["target_tokens"] > 0
     phases = report["phases"]
     assert list(phases) == ["encoder", "recurrence without attention", "attention", "output+loss", "optimizer"]
@@ -363,3 +392,43 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention, min_sourc
         assert report["batches"] == 2
         none = subprocess.run([*cmd, "--min-source", "900", *overrides], **options)
         assert none.returncode != 0 and "--min-source 900: no training example" in none.stderr
+
+
+def test_emulated_avx2_trains_in_fp32_and_the_table_says_it_is_an_emulation(tiny, tmp_path):
+    """--emulate-avx2: trainer.amp=off after every override; a report that says `emulated: avx2` (as
+    nmt.device.emulate_avx2's process writes) opens its table with an emulation's plain words; --table
+    re-prints it so."""
+    bench = load_benchmark()
+    args = bench.parse_args(["--tiny", "--emulate-avx2", "trainer.amp=bf16"])
+    cfg, overrides = bench.benchmark_config(args, tmp_path)
+    assert overrides[-1] == "trainer.amp=off" and cfg.trainer.amp == "off"
+    report = json.loads(json.dumps(tiny[2]))
+    report["emulated"] = "avx2"
+    table = bench.format_table(report)
+    assert table.startswith("**EMULATED AVX2** (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ")
+    assert "not a real AVX2 machine" in table.splitlines()[0]
+    assert not bench.format_table(tiny[2]).startswith("**EMULATED")
+
+
+def test_step_profile_counts_the_flops_of_onednns_lstm():
+    """torch's FLOP counter has no formula for aten::mkldnn_rnn_layer (nn.LSTM on a CPU) and counted 0 for the
+    encoder's LSTM; step_profile teaches it: 3 x the gate matmuls of every token, direction and layer."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = importlib.util.spec_from_file_location("step_profile", SCRIPT.parent / "step_profile.py")
+    sys.path.insert(0, str(SCRIPT.parent))  # it imports its neighbour step_benchmark
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    module.count_lstm_flops()
+    module.count_lstm_flops()  # a second call changes nothing
+    rnn = torch.nn.LSTM(32, 16, batch_first=True, bidirectional=True, num_layers=2)
+    with FlopCounterMode(display=False) as counter:
+        rnn(torch.randn(5, 7, 32))[0].sum().backward()
+    per_token_direction = 2 * 4 * 16 * (32 + 16)  # both layers read 32 inputs (the second: 2 x 16)
+    counted = counter.get_total_flops()
+    if torch.backends.mkldnn.is_available() and counted:  # where nn.LSTM takes oneDNN's layer
+        assert counted == 3 * 5 * 7 * 2 * 2 * per_token_direction

@@ -7,7 +7,7 @@ arithmetic per element: about twice as fast on the one CPU measured (an AMD EPYC
 It needs a C++ compiler at run time and compiles on first use (half a minute on 2 cores; torch caches the
 result on disk, so later processes take a few seconds).
 
-    set_kernels("auto", device)     # the Trainer, from trainer.kernels
+    set_kernels("auto", device)     # the Trainer, from trainer.kernels (choose_kernels: what and why)
     fn = compiled(math_fn)          # None while the kernels are eager: call the eager code
     kernel = cpp_kernel(path, argtypes)  # a hand-written C++ kernel (nmt/kernels/csrc), built the same way
 
@@ -50,19 +50,46 @@ _state: dict = {"kernels": Kernels.eager, "strict": False, "worked": False}
 _cache: dict[Callable | Path, Callable] = {}  # compiled functions and built C++ kernels
 
 
+def compiler() -> str | None:
+    """The C++ compiler Inductor calls (CXX, else c++, g++ or clang++) where one is on PATH, else None."""
+    return next(
+        (
+            path
+            for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++")
+            if name and (path := shutil.which(name))
+        ),
+        None,
+    )
+
+
 def has_compiler() -> bool:
-    """Whether the C++ compiler Inductor calls (CXX, else c++, g++ or clang++) is on PATH."""
-    return any(shutil.which(name) for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++") if name)
+    """Whether the C++ compiler Inductor calls is on PATH."""
+    return compiler() is not None
+
+
+def choose_kernels(value: Kernels | str, device: torch.device | str = "cpu") -> tuple[Kernels, str]:
+    """What `value` (trainer.kernels) resolves to on `device`, and why, in words for the Trainer's log line,
+    e.g. "trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++); Inductor vectorises for AVX512"."""
+    value = choice(Kernels, value, "trainer.kernels")
+    if value != Kernels.auto:
+        return value, f"trainer.kernels={value}"
+    if torch.device(device).type != "cpu":
+        return (
+            Kernels.eager,
+            f"trainer.kernels=auto: the compiled kernels are CPU code, this is {torch.device(device).type}",
+        )
+    if not has_compiler():
+        return Kernels.eager, "trainer.kernels=auto: no C++ compiler on PATH (CXX, c++, g++, clang++)"
+    found = compiler() or "a C++ compiler"
+    isa = torch.backends.cpu.get_cpu_capability()  # Inductor's vector ISA follows it (ATEN_CPU_CAPABILITY)
+    return Kernels.compiled, f"trainer.kernels=auto: a CPU with a C++ compiler ({found}); Inductor vectorises for {isa}"
 
 
 def set_kernels(value: Kernels | str, device: torch.device | str = "cpu") -> Kernels:
-    """Choose the kernels for this process (see the module docstring); returns what `value` resolved to."""
-    value = choice(Kernels, value, "trainer.kernels")
-    if value == Kernels.auto:
-        resolved = Kernels.compiled if torch.device(device).type == "cpu" and has_compiler() else Kernels.eager
-    else:
-        resolved = value
-    _state.update(kernels=resolved, strict=value == Kernels.compiled)
+    """Choose the kernels for this process (see the module docstring and choose_kernels); returns what `value`
+    resolved to."""
+    resolved, _ = choose_kernels(value, device)
+    _state.update(kernels=resolved, strict=choice(Kernels, value, "trainer.kernels") == Kernels.compiled)
     return resolved
 
 

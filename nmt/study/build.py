@@ -57,7 +57,7 @@ CANDIDATE_EDGES = (
 )  # finest first
 SELECTION = re.compile(r"valid(_k\d+)?")  # the splits training validated on (best.pt, early stopping)
 RECORD = "study_record.json.gz"  # a run directory's cached record (nmt-study writes it; best.pt newer: made anew)
-DECODING_MAY_DIFFER = ("precision", "max_src_pieces", "device")  # the machine's, not the method's
+DECODING_MAY_DIFFER = ("precision", "precision_reason", "max_src_pieces", "device")  # the machine's, not the method's
 
 
 @dataclass
