@@ -20,5 +20,5 @@ class Decoding:
     length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha
     max_len_ratio: float = 1.5  # output at most ratio * source length + max_len_extra pieces
     max_len_extra: int = 10
-    batch_tokens: int = 8000  # padded source pieces per decoding batch
+    batch_tokens: int = 4000  # padded source pieces per decoding batch (docs/performance.md, "Decoding batches")
     amp: Amp = Amp.auto  # auto (bf16 autocast where the hardware has bf16) | bf16 | off
