@@ -20,7 +20,7 @@ from nmt.model import Seq2Seq
 from nmt.special import BOS_ID, EOS_ID, PAD_ID
 
 LSE_ROWS = 64  # rows of logits converted to fp32 at a time for the log-normaliser: a few hundred KiB
-DONE_SHARE = 0.25  # done sentences leave the beam search's batch once they are this share of it
+DONE_SHARE = 0.25  # done sentences leave the batch (greedy and beam search) once they are this share of it
 
 
 def _normaliser(logits: Tensor) -> Tensor:
@@ -71,26 +71,40 @@ def greedy(
     max_len_extra: int = 10,
     alpha: float = 0.0,
 ) -> list[list[Hypothesis]]:
-    """Pick the most likely word at every step, for all sentences at once."""
-    B = src.size(0)
+    """Pick the most likely word at every step, for all sentences at once.
+
+    A sentence is done at EOS or at its length limit; done sentences leave the batch once they are DONE_SHARE of
+    it (as in beam search), so the steps get cheaper as sentences finish: decoding test2016 greedily in fp32
+    computed about 1.8 times the output rows it needed when every sentence stayed to the end of its batch."""
+    B, dev = src.size(0), src.device
     enc, keys, values, state = model.encode(src, lengths)
-    params = model.decoder.step_params(src.device)
+    mask = enc.mask
+    params = model.decoder.step_params(dev)
     limits = max_lengths(lengths, max_len_ratio, max_len_extra)
-    prev = src.new_full((B,), BOS_ID)
-    tokens, logps, weights = [], [], []
-    finished = torch.zeros(B, dtype=torch.bool, device=src.device)
-    for _ in range(max(limits)):
-        logits, state, w = model.decoder.step(prev, state, keys, values, enc.mask, params)
-        best_logp, prev = (x[:, 0] for x in _top_log_probs(logits, 1))  # (B,)
-        tokens.append(prev)
-        logps.append(best_logp)
-        weights.append(w.float())
-        finished |= prev == EOS_ID
-        if bool(finished.all()):
+    limit_t = torch.tensor(limits, device=dev)  # (A,)
+    sentence = torch.arange(B, device=dev)  # (A,) original index of each active sentence
+    done = torch.zeros(B, dtype=torch.bool, device=dev)  # (A,)
+    prev = src.new_full((B,), BOS_ID)  # (A,)
+    steps: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # per step: sentence (A,), token, log-prob, weights (A, S)
+    for t in range(max(limits)):
+        logits, state, w = model.decoder.step(prev, state, keys, values, mask, params)
+        best_logp, prev = (x[:, 0] for x in _top_log_probs(logits, 1))  # (A,)
+        steps.append((sentence, prev, best_logp, w.float()))
+        done |= (prev == EOS_ID) | (limit_t <= t + 1)
+        if bool(done.all()):
             break
-    toks = torch.stack(tokens, 1).tolist()  # (B, steps)
-    lps = torch.stack(logps, 1).cpu()
-    att = torch.stack(weights, 1).cpu()  # (B, steps, S)
+        if int(done.sum()) >= DONE_SHARE * sentence.size(0):  # the done sentences leave: their rows go
+            kept = (~done).nonzero().squeeze(1)  # (A',)
+            sentence, limit_t, done, prev = (x.index_select(0, kept) for x in (sentence, limit_t, done, prev))
+            keys, values, mask = (x.index_select(0, kept) for x in (keys, values, mask))
+            state = state.select(kept)
+    T, S = len(steps), src.size(1)
+    toks = torch.full((B, T), PAD_ID, dtype=torch.long, device=dev)
+    lps = torch.zeros(B, T, device=dev)
+    att = torch.zeros(B, T, S, device=dev)
+    for t, (rows, token, logp, w) in enumerate(steps):  # back to (B, steps): rows after a sentence left stay unread
+        toks[rows, t], lps[rows, t], att[rows, t] = token, logp.float(), w
+    toks, lps, att = toks.tolist(), lps.cpu(), att.cpu()
     out = []
     for b in range(B):
         seq = toks[b][: limits[b]]

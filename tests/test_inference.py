@@ -117,6 +117,33 @@ def test_done_sentences_leaving_the_batch_changes_no_result(attention, monkeypat
                 torch.testing.assert_close(a.attention, b.attention, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["bahdanau", "luong", "none"])
+def test_done_sentences_leaving_the_greedy_batch_changes_no_result(attention, monkeypatch):
+    """Greedy search lets done sentences (EOS, or their length limit) leave its batch too: leaving at every
+    step, or never, gives the same tokens, scores and attention."""
+    import nmt.search
+
+    model = small_model(attention)
+    with torch.no_grad():
+        model.decoder.output.bias[EOS_ID] = 0.2  # some sentences end at EOS, the others at their limits
+    src, lengths = random_batch(LENGTHS + [3, 8, 6])
+    step, rows = model.decoder.step, []
+    monkeypatch.setattr(model.decoder, "step", lambda prev, *args: rows.append(len(prev)) or step(prev, *args))
+    results = {}
+    for share in (0.0, 0.25, 2.0):  # at every step, a quarter (the default), never
+        monkeypatch.setattr(nmt.search, "DONE_SHARE", share)
+        rows.clear()
+        results[share] = greedy(model, src, lengths, max_len_ratio=1.0, max_len_extra=4)
+        assert (len(set(rows)) > 1) == (share < 1), f"the batch shrank: {rows}"
+    ended = [h[0].tokens for h in results[2.0]]
+    assert len({len(t) for t in ended}) > 2, "the sentences should end at different steps"
+    for share in (0.0, 0.25):
+        for ours, ref in zip(results[share], results[2.0], strict=True):
+            assert ours[0].tokens == ref[0].tokens
+            assert ours[0].score == pytest.approx(ref[0].score, abs=1e-4)
+            torch.testing.assert_close(ours[0].attention, ref[0].attention, rtol=1e-4, atol=1e-5)
+
+
 def test_nbest_is_sorted_by_score_and_starts_with_the_best():
     model = small_model("luong")
     src, lengths = random_batch(LENGTHS)
