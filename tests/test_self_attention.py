@@ -318,3 +318,23 @@ def test_the_handbook_s_figures_are_those_of_the_committed_runs():
         assert f"{bench['train']['steps']:,}" in section
         synthetic = json.loads((docs / "self_attention" / f"synthetic_rnnsearch_{layers}.json").read_text())
         assert f"**{synthetic['bleu']:.2f}**" in section
+
+
+def test_nmt_train_refuses_heads_that_do_not_divide_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [
+        str(Path(sys.executable).parent / "nmt-train"),
+        "experiment=quick",
+        "data.train_size=300",
+        "model.self_attention_layers=1",
+        "model.self_attention_heads=5",
+        "trainer.progress=false",
+        f"paths.data_dir={tmp_path / 'data'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]  # the data is prepared first (its progress bar may come before)
+    assert last.startswith("error: model.self_attention_heads=5") and "divide the encoder state size" in last

@@ -192,6 +192,9 @@ def build_run(
     data = load_data(cfg) if data is None else data
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
+    try:
+        model = Seq2Seq(mcfg, data.tokenizer.src_vocab_size, data.tokenizer.tgt_vocab_size)
+    except ValueError as e:  # sizes that do not fit together (heads, dot-score sizes): the config's to fix
+        raise ConfigError(str(e)) from None
     tcfg.resume = resume
     return Trainer(model, data, tcfg, ocfg, run_dir, device, cfg.seed, plain(cfg), rank, world_size, hooks)
