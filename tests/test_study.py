@@ -25,7 +25,7 @@ import matplotlib.image
 import pytest
 import sacrebleu
 
-from nmt.corpora.windows import window_sizes
+from nmt.corpora.windows import window_starts
 from nmt.errors import ConfigError, DataError
 from nmt.study.build import CANDIDATE_EDGES, StudySettings, check_records, check_split, choose_edges, summarise
 from nmt.study.configs import check_comparable, decoder_label, differing_keys
@@ -155,7 +155,7 @@ def fake_record(name: str, attention: str, seed: int, variant: int, keep: float 
     hyps = _hypotheses(REFERENCES, keep, variant)
     sets = {}
     for k in (1, 2):
-        sizes = window_sizes([0] * len(REFERENCES), k)
+        sizes = [k] * len(window_starts([0] * len(REFERENCES), k))
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         refs = [" ".join(REFERENCES[s : s + n]) for s, n in zip(starts, sizes, strict=True)]
         sets[f"test_k{k}"] = {

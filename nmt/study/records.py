@@ -83,7 +83,7 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
     import torch
 
     from nmt.checkpoint import load_checkpoint
-    from nmt.corpora.windows import window_sizes
+    from nmt.corpora.windows import left_out, window_starts
     from nmt.device import provenance
     from nmt.evaluation import evaluate
     from nmt.translator import Translator
@@ -102,7 +102,8 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
         k = int(name.rsplit("_k", 1)[1]) if name != split else 1
         out_sets[name] = {
             "k": k,
-            "sizes": window_sizes(window_units, k),
+            "sizes": [k] * len(window_starts(window_units, k)),  # windows of exactly k
+            "left_out": left_out(window_units, k),  # the pairs in no window (each unit's last n mod k)
             "hypotheses": result["hypotheses"],
             "references": references,
             "references_sha256": references_sha256(references),
