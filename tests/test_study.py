@@ -289,6 +289,19 @@ def test_runs_may_differ_only_in_the_attention_the_seed_and_ignored_keys():
         check_comparable([a, b, c], ["a", "b", "c"])
 
 
+def test_runs_trained_before_a_config_key_existed_compare_as_its_neutral_value():
+    """Records of runs trained before model.self_attention_* existed combine with new runs without the layer
+    (the heads of zero layers change nothing), not with runs that have one."""
+    old = fake_record("a", "none", 1, 1)["config"]
+    new = fake_record("b", "bahdanau", 1, 2)["config"]
+    new["model"].update(self_attention_layers=0, self_attention_heads=4)
+    check_comparable([old, new], ["a", "b"])
+    layered = fake_record("c", "bahdanau", 2, 3)["config"]
+    layered["model"].update(self_attention_layers=1, self_attention_heads=4)
+    with pytest.raises(DataError, match=r"differ in model\.self_attention_heads: a has \"<unset>\", c has 4"):
+        check_comparable([old, new, layered], ["a", "b", "c"])
+
+
 def test_automatic_edges_are_the_finest_with_enough_items():
     uniform = [n for n in range(3, 41) for _ in range(16)]  # 3-40 words, 16 items each
     assert choose_edges(uniform, 80) == ([0, 10, 20, 30], True)  # 40+ holds only 16: the 5-bucket sets fail
