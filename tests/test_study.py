@@ -405,6 +405,8 @@ def _main_error(args: list, capsys) -> str:
         (["--bootstrap", "999"], "--bootstrap 999: use at least 1000 resamples"),
         (["--buckets", "0,x"], "--buckets 0,x"),
         (["--buckets", "10,5"], "strictly increasing"),
+        (["--beam", "0,5"], "--beam 0,5: beam sizes must be at least 1"),
+        (["--beam", "1,five"], "--beam 1,five: give beam sizes separated by commas"),
     ],
 )
 def test_refused_options_are_one_line_errors(args, message, tmp_path, capsys):
