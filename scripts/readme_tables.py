@@ -1,17 +1,21 @@
-"""python scripts/readme_tables.py [--check] [--readme README.md]
+"""python scripts/readme_tables.py [--check] [--readme README.md] [--study-doc docs/study.md]
 
-Writes the README's results table from the committed JSON files, between the markers
-`<!-- results:begin -->` and `<!-- results:end -->`, so that no figure in it is typed by hand:
+Writes the tables of figures from the committed JSON files, so that no figure in them is typed by hand:
+the README's results table (between `<!-- results:begin -->` and `<!-- results:end -->`) and the bottleneck
+study's tables of both language pairs side by side, in the README (compact) and in docs/study.md (every
+decoding), between `<!-- study-tables:begin -->` and `<!-- study-tables:end -->`:
 
-    python scripts/readme_tables.py            # rewrite the table in README.md
-    python scripts/readme_tables.py --check    # exit 1 (and show the difference) when README.md's table differs
+    python scripts/readme_tables.py            # rewrite the tables in README.md and docs/study.md
+    python scripts/readme_tables.py --check    # exit 1 (and show the difference) when a table differs
 
 Sources, each named in the table with the command that wrote it, the machine and the date:
 - docs/benchmark/benchmark.json (`python scripts/benchmark.py --peer opennmt`): training speed, test BLEU,
   decoding time and peak memory, side by side with OpenNMT-py;
-- docs/study/caption_windows/study.json (`nmt-study`): BLEU by window size k, the share of its k=1 BLEU each
-  model keeps, and the interaction (a model's share minus the fixed vector's, with its 95% interval). Left out,
-  with no error, while the file does not exist.
+- docs/study/caption_windows/study.json (de -> en) and docs/study/caption_windows_fr/study.json (fr -> en)
+  (`nmt-study`): BLEU by window size k, the share of its k=1 BLEU each model keeps, the interaction (a model's
+  share minus the fixed vector's, with its 95% intervals over the seeds and over the test set) and the paired
+  tests; the tables themselves are nmt.study.tables'. A study whose file does not exist is left out, with no
+  error; a page without the study markers gets no study table.
 """
 
 from __future__ import annotations
@@ -22,11 +26,29 @@ import json
 import sys
 from pathlib import Path
 
+from nmt.study.tables import decoding_text, pairs_findings_markdown, pairs_markdown
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+STUDY_DOC = ROOT / "docs" / "study.md"
 BENCHMARK = ROOT / "docs" / "benchmark" / "benchmark.json"
-STUDY = ROOT / "docs" / "study" / "caption_windows" / "study.json"
+STUDY_DIR = ROOT / "docs" / "study"
+# language pair -> (the study's JSON, how it was made: study.json cannot hold it, since a rebuild from its
+# records must write the same file wherever the runs were)
+STUDIES = {
+    "de -> en": (
+        STUDY_DIR / "caption_windows" / "study.json",
+        "nmt-train experiment=bottleneck data.root=../shared/data/multi30k; "
+        "nmt-study SWEEP --output docs/study/caption_windows",
+    ),
+    "fr -> en": (
+        STUDY_DIR / "caption_windows_fr" / "study.json",
+        "nmt-train experiment=bottleneck data.root=../shared/data/multi30k data.src_lang=fr; "
+        "nmt-study SWEEP --output docs/study/caption_windows_fr",
+    ),
+}
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+STUDY_BEGIN, STUDY_END = "<!-- study-tables:begin -->", "<!-- study-tables:end -->"
 SAME_RUN, SAME_STUDY = "the same run", "the same study"
 
 
@@ -145,30 +167,20 @@ def benchmark_rows(bench: dict, path: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-# how the committed study was made (docs/study.md); study.json cannot hold it, since a rebuild from its records
-# must write the same file wherever the runs were
-STUDY_COMMAND = (
-    "nmt-train experiment=bottleneck data.root=../shared/data/multi30k; "
-    "nmt-study SWEEP --output docs/study/caption_windows"
-)
-
-
-def study_rows(study: dict, path: Path) -> list[tuple[str, str, str]]:
-    """(result, figure, source) rows of an nmt-study summary: per model BLEU by k and the share kept, then
-    each model's interaction with the fixed vector."""
-    models = study.get("models") or {}
+def study_rows(study: dict, path: Path, command: str = STUDIES["de -> en"][1]) -> list[tuple[str, str, str]]:
+    """(result, figure, source) rows of an nmt-study summary, its headline decoding: per model BLEU by k and the
+    share kept, then each model's interaction with the fixed vector."""
+    headline = study.get("headline", "greedy")
+    results = (study.get("results") or {}).get(headline) or {}
+    models = results.get("models") or {}
     runs = study.get("runs") or []
-    machine = study.get("machine")
-    if isinstance(machine, dict):
-        machine_cell = machine_text(machine)
-    else:  # a run recorded before checkpoints stored their CPU names the CPU that made its record
-        cpus = sorted({str(r["cpu"]).split(" (recorded there")[0] for r in runs if r.get("cpu")})
-        machine_cell = (", ".join(cpus) + ", 1 thread a run") if cpus else "machine not recorded"
+    cpus = sorted({str(r["cpu"]).split(" (recorded there")[0] for r in runs if r.get("cpu")})
+    machine_cell = (", ".join(cpus) + ", 1 thread a run") if cpus else "machine not recorded"
     ended = sorted(str(r["trained_at"])[:10] for r in runs if r.get("trained_at"))
     date = (ended[0] if ended[0] == ended[-1] else f"{ended[0]}..{ended[-1]}") if ended else "date not recorded"
-    command = command_text(str(study.get("command") or STUDY_COMMAND))
-    source = source_cell(command, machine_cell, f"{date} ({_rel(path)})")
+    source = source_cell(command_text(command), machine_cell, f"{date} ({_rel(path)})")
     trained_k = study.get("trained_k")
+    study_name = f"bottleneck study, {corpus_text(str(study.get('corpus', '')))}, {decoding_text(headline)}"
     rows = []
     for key, m in models.items():
         by_k = m.get("bleu_by_k") or {}
@@ -185,26 +197,42 @@ def study_rows(study: dict, path: Path) -> list[tuple[str, str, str]]:
         extra = [f"{seeds} seed{'s' if seeds != 1 else ''}"] if seeds else []
         if m.get("train_minutes") is not None:
             extra.append(f"{m['train_minutes']:.0f} min of training a run")
-        result = f"bottleneck study, {m.get('label', key)}: test BLEU at k = {ks[0]}..{ks[-1]} captions"
+        result = f"{study_name}, {m.get('label', key)}: test BLEU at k = {ks[0]}..{ks[-1]} captions"
         rows.append((result + (f" ({', '.join(extra)})" if extra else ""), figure, source if not rows else SAME_STUDY))
-    for key, x in (study.get("interaction") or {}).items():
+    for key, x in (results.get("interaction") or {}).items():
         if "difference" not in x:
             continue
-        lo, hi = x.get("ci95", (None, None))
-        interval = f" [{lo:+.3f}, {hi:+.3f}]" if lo is not None else ""
+        intervals = [
+            f"{name} [{lo:+.3f}, {hi:+.3f}]"
+            for name, pair in (("seeds", x.get("ci_seeds")), ("test set", x.get("ci_test")))
+            if pair
+            for lo, hi in [pair]
+        ]
         rows.append(
             (
-                f"interaction: share of k=1 BLEU kept at k={x.get('k', '?')}, {key} minus none (95% interval)",
-                f"{x['difference']:+.3f}{interval}",
+                f"{study_name}, interaction: share of k=1 BLEU kept at k={x.get('k', '?')}, {key} minus none "
+                f"({x.get('seeds', '?')} seed pairs; 95% intervals over the seeds (t) and over the test set)",
+                f"{x['difference']:+.3f}" + (f" ({'; '.join(intervals)})" if intervals else ""),
                 source if not rows else SAME_STUDY,
             )
         )
     return rows
 
 
-def render(benchmark: Path = BENCHMARK, study: Path = STUDY) -> str:
-    """The block between (and with) the markers, from the JSON files; a missing study file is left out."""
-    rows = study_rows(json.loads(study.read_text(encoding="utf-8")), study) if study.exists() else []
+def existing_studies(studies: dict[str, tuple[Path, str]] | None = None) -> dict[str, tuple[dict, Path, str]]:
+    """label -> (study.json's dict, its path, its command) for every study whose file exists."""
+    out = {}
+    for label, (path, command) in (STUDIES if studies is None else studies).items():
+        if path.exists():
+            out[label] = (json.loads(path.read_text(encoding="utf-8")), path, command)
+    return out
+
+
+def render(benchmark: Path = BENCHMARK, studies: dict[str, tuple[Path, str]] | None = None) -> str:
+    """The results block (markers included), from the JSON files; a missing study file is left out."""
+    rows = [
+        row for study, path, command in existing_studies(studies).values() for row in study_rows(study, path, command)
+    ]
     rows += benchmark_rows(json.loads(benchmark.read_text(encoding="utf-8")), benchmark)
     lines = [
         BEGIN,
@@ -219,38 +247,66 @@ def render(benchmark: Path = BENCHMARK, study: Path = STUDY) -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, block: str) -> str:
-    """`text` with its results block (markers included) replaced by `block`."""
-    start, end = text.find(BEGIN), text.find(END)
+def render_study(studies: dict[str, tuple[Path, str]] | None = None, every_decoding: bool = False) -> str:
+    """The study block (markers included): BLEU by k of both language pairs side by side, then the interaction
+    and the paired tests; the headline decoding (every_decoding: each decoding in turn). Without a study
+    file, a line saying so."""
+    found = {label: study for label, (study, _, _) in existing_studies(studies).items()}
+    lines = [
+        STUDY_BEGIN,
+        "<!-- written by scripts/readme_tables.py from the studies' study.json; edit those, not these tables -->",
+        "",
+    ]
+    if not found:
+        return "\n".join([*lines, "No study has been committed yet.", "", STUDY_END])
+    decodings = list(dict.fromkeys(d for s in found.values() for d in s["results"])) if every_decoding else [None]
+    for decoding in decodings:
+        lines += [pairs_markdown(found, decoding)]
+    lines += [pairs_findings_markdown(found), STUDY_END]
+    return "\n".join(lines)
+
+
+def replace_block(text: str, block: str, begin: str = BEGIN, end_marker: str = END, required: bool = True) -> str:
+    """`text` with its block between `begin` and `end_marker` (markers included) replaced by `block`; a
+    missing block is an error when `required`, else `text` is returned unchanged."""
+    start, end = text.find(begin), text.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"readme_tables: error: the markers {BEGIN} ... {END} are missing from the README")
-    return text[:start] + block + text[end + len(END) :]
+        if not required:
+            return text
+        raise SystemExit(f"readme_tables: error: the markers {begin} ... {end_marker} are missing from the README")
+    return text[:start] + block + text[end + len(end_marker) :]
+
+
+def rewritten(readme: str, doc: str, benchmark: Path, studies: dict | None) -> tuple[str, str]:
+    """README's and docs/study.md's texts with every table written anew."""
+    readme = replace_block(readme, render(benchmark, studies))
+    readme = replace_block(readme, render_study(studies), STUDY_BEGIN, STUDY_END, required=False)
+    doc = replace_block(doc, render_study(studies, every_decoding=True), STUDY_BEGIN, STUDY_END, required=False)
+    return readme, doc
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[1], formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("--check", action="store_true", help="exit 1 when the README's table differs; write nothing")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a table differs; write nothing")
     parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--study-doc", type=Path, default=STUDY_DOC)
     parser.add_argument("--benchmark", type=Path, default=BENCHMARK)
-    parser.add_argument("--study", type=Path, default=STUDY)
     args = parser.parse_args(argv)
-    text = args.readme.read_text(encoding="utf-8")
-    new = replace_block(text, render(args.benchmark, args.study))
+    old = [args.readme.read_text(encoding="utf-8"), args.study_doc.read_text(encoding="utf-8")]
+    new = list(rewritten(*old, args.benchmark, None))
+    changed = [(path, a, b) for path, a, b in zip((args.readme, args.study_doc), old, new, strict=True) if a != b]
     if args.check:
-        if new != text:
+        for path, a, b in changed:
             sys.stdout.writelines(
-                difflib.unified_diff(
-                    text.splitlines(True), new.splitlines(True), str(args.readme), "scripts/readme_tables.py"
-                )
+                difflib.unified_diff(a.splitlines(True), b.splitlines(True), str(path), "scripts/readme_tables.py")
             )
-            print(f"{args.readme}: the results table differs from the JSON files; run python scripts/readme_tables.py")
-            return 1
-        return 0
-    if new != text:
-        args.readme.write_text(new, encoding="utf-8")
-        print(f"{args.readme}: results table written")
+            print(f"{path}: a table differs from the JSON files; run python scripts/readme_tables.py")
+        return 1 if changed else 0
+    for path, _, b in changed:
+        path.write_text(b, encoding="utf-8")
+        print(f"{path}: tables written")
     return 0
 
 

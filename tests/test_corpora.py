@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import math
 import re
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from nmt.corpora import (
     read_tsv,
 )
 from nmt.corpora import bible as bible_module
-from nmt.corpora.windows import add_window_splits, check_window, windows
+from nmt.corpora.windows import add_window_splits, check_window, left_out, window_starts, windows
 from nmt.errors import DataError
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -485,20 +484,22 @@ def test_bible_windows_keep_the_single_verse_splits_and_add_one_set_per_k(bible,
 
 
 def test_bible_window_sets_hold_the_same_words_with_longer_inputs(bible_windows):
-    """Every k-set of a held-out split has the same reference words in the same order; only the number of
-    verses per input grows (the last window of a chapter takes what is left)."""
+    """Every k-set of a held-out split has the same reference words in the same order, but for each chapter's
+    last n mod k verses (left out); only the number of verses per input grows."""
     for split in ("valid", "test"):
         verses = bible_windows.splits[split]
         assert bible_windows.splits[f"{split}_k1"] == verses
-        words = {side: " ".join(p[side] for p in verses).split() for side in (0, 1)}
         sizes = []
         for k in (1, 2, 3):
             windows = bible_windows.splits[f"{split}_k{k}"]
+            units = bible_windows.chapters[split]
+            kept = [verses[i + j] for i in window_starts(units, k) for j in range(k)]
+            assert len(kept) == len(verses) - left_out(units, k) == k * len(windows)
             for side in (0, 1):
-                assert " ".join(p[side] for p in windows).split() == words[side], (split, k)
+                assert " ".join(p[side] for p in windows).split() == " ".join(p[side] for p in kept).split()
             sizes.append(len(windows))
-            chapters = len(set(bible_windows.chapters[split]))
-            assert len(verses) / k <= len(windows) <= len(verses) / k + chapters  # one short window per chapter
+            chapters = len(set(units))
+            assert (len(verses) - (k - 1) * chapters) / k <= len(windows) <= len(verses) / k  # a chapter's rest out
         assert sizes[0] > sizes[1] > sizes[2]
 
 
@@ -506,7 +507,6 @@ def test_verse_windows_stay_inside_a_chapter():
     pairs = [(f"s{i}", f"t{i}") for i in range(7)]
     assert corpora.verse_windows(pairs, [1, 1, 1, 2, 2, 2, 2], 2) == [
         ("s0 s1", "t0 t1"),
-        ("s2", "t2"),
         ("s3 s4", "t3 t4"),
         ("s5 s6", "t5 t6"),
     ]
@@ -535,16 +535,18 @@ def words(pairs, side: int) -> list[str]:
 
 
 def assert_window_sets(splits: dict, name: str, largest: int) -> None:
-    """`<name>_k1..<name>_k<largest>`: k1 is the split itself, and every k holds ceil(n / k) windows and the
-    same source and reference words in order (one unit: the whole split)."""
+    """`<name>_k1..<name>_k<largest>`: k1 is the split itself, and every k holds floor(n / k) windows of exactly
+    k pairs: the split's source and reference words in order, but for the last n mod k pairs (one unit: the
+    whole split)."""
     pairs = splits[name]
     assert splits[f"{name}_k1"] == pairs
     assert f"{name}_k{largest + 1}" not in splits
     for k in range(1, largest + 1):
         sets = splits[f"{name}_k{k}"]
-        assert len(sets) == math.ceil(len(pairs) / k), (name, k)
+        kept = pairs[: len(pairs) - len(pairs) % k]
+        assert len(sets) == len(pairs) // k and left_out([0] * len(pairs), k) == len(pairs) % k, (name, k)
         for side in (0, 1):
-            assert words(sets, side) == words(pairs, side), (name, k, side)
+            assert words(sets, side) == words(kept, side), (name, k, side)
 
 
 @settings(max_examples=100, deadline=None)
@@ -555,21 +557,24 @@ def assert_window_sets(splits: dict, name: str, largest: int) -> None:
 )
 def test_windows_cut_each_unit_in_order_into_windows_of_exactly_k(runs, k, tokens):
     """Units are runs of equal numbers (neighbouring runs differ); each unit's pairs are cut in file order into
-    windows of exactly k, its last window holding the rest, joined with one space; no window crosses a unit."""
+    windows of exactly k, joined with one space, its last n mod k pairs left out (and counted); no window
+    crosses a unit."""
     units = [u % 2 for u, n in enumerate(runs) for _ in range(n)]  # neighbours alternate: 0, 1, 0, ...
     pairs = [(" ".join(f"s{i}.{j}" for j in range(tokens)), f"t{i}") for i in range(len(units))]
     out = windows(pairs, units, k)
-    expected, start = [], 0
+    expected, kept, start = [], [], 0
     for n in runs:
-        for first in range(start, start + n, k):
-            window = pairs[first : min(first + k, start + n)]
+        for first in range(start, start + n - k + 1, k):
+            window = pairs[first : first + k]
             expected.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
+            kept += window
         start += n
     assert out == expected
-    assert len(out) == sum(math.ceil(n / k) for n in runs)
+    assert len(out) == sum(n // k for n in runs) == len(window_starts(units, k))
+    assert left_out(units, k) == sum(n % k for n in runs) == len(pairs) - len(kept)
     for side in (0, 1):
-        assert words(out, side) == words(pairs, side)
-    assert windows(pairs, units, 1) == pairs
+        assert words(out, side) == words(kept, side)
+    assert windows(pairs, units, 1) == pairs and left_out(units, 1) == 0
 
 
 def test_windows_refuse_a_size_below_one():
@@ -596,7 +601,7 @@ def test_add_window_splits_adds_one_set_per_k_for_every_split_but_train(largest)
         assert_window_sets(out, name, largest)
     for k in range(1, largest + 1):
         assert out[f"test_k{k}"] == windows(splits["test"], units["test"], k)
-        assert len(out[f"test_k{k}"]) == 2 * math.ceil(3 / k)  # no window crosses the unit boundary
+        assert len(out[f"test_k{k}"]) == 2 * (3 // k)  # no window crosses the unit boundary
 
 
 def test_add_window_splits_adds_nothing_for_single_pairs():
@@ -655,7 +660,7 @@ def test_files_windows_add_one_set_per_k_for_valid_and_test(line_files):
     for name in ("valid", "test"):
         assert_window_sets(corpus.splits, name, 3)
     assert corpus.splits["test_k3"][0] == ("t 0 a b t 1 a b t 2 a b", "T 0 c T 1 c T 2 c")
-    assert corpus.splits["test_k3"][-1] == ("t 9 a b", "T 9 c")  # the last window holds the rest
+    assert corpus.splits["test_k3"][-1] == ("t 6 a b t 7 a b t 8 a b", "T 6 c T 7 c T 8 c")  # pair 9 left out
 
 
 def test_files_window_test_may_exceed_the_training_window(line_files):

@@ -1,6 +1,7 @@
-"""The README stays short, true and current: its results table is what scripts/readme_tables.py writes from the
-committed JSON files, its install and test commands are the ones .ci/run runs, it cites no commit, and the docs
-paths it and the handbook cite exist.
+"""The README stays short, true and current: its results table and the study's tables (in the README and
+docs/study.md, both language pairs side by side) are what scripts/readme_tables.py writes from the committed
+JSON files, its install and test commands are the ones .ci/run runs, it cites no commit, and the docs paths it
+and the handbook cite exist.
 
     python -m pytest -q tests/test_readme.py
 """
@@ -19,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 CI = ROOT / ".ci" / "run"
 HANDBOOK = sorted((ROOT / "docs").glob("*.md"))
-# written by nmt-study into its own folder; until that folder is committed its paths are pending
-PENDING = "docs/study/caption_windows"
+# written by nmt-study into their own folders; until a folder is committed its paths are pending
+PENDING = ("docs/study/caption_windows", "docs/study/caption_windows_fr")
 
 
 def _tables():
@@ -58,7 +59,10 @@ def test_the_results_table_is_what_the_script_writes():
     tables = _tables()
     text = README.read_text(encoding="utf-8")
     assert tables.replace_block(text, tables.render()) == text, "run python scripts/readme_tables.py"
-    assert tables.main(["--check"]) == 0
+    assert tables.main(["--check"]) == 0  # the README's study tables and docs/study.md's too
+    for page in (README, ROOT / "docs" / "study.md"):  # both pages hold the study tables
+        page_text = page.read_text(encoding="utf-8")
+        assert page_text.count(tables.STUDY_BEGIN) == page_text.count(tables.STUDY_END) == 1, page.name
 
 
 def test_a_figure_edited_by_hand_fails_the_check(tmp_path, capsys):
@@ -79,42 +83,102 @@ def test_a_figure_edited_by_hand_fails_the_check(tmp_path, capsys):
 def test_the_table_names_command_machine_and_date_and_skips_a_missing_study(tmp_path):
     tables = _tables()
     bench = json.loads((ROOT / "docs" / "benchmark" / "benchmark.json").read_text())
-    block = tables.render(study=tmp_path / "absent.json")
+    block = tables.render(studies={"de -> en": (tmp_path / "absent.json", "nmt-study x")})
     assert "bottleneck study" not in block and "interaction" not in block
+    assert "No study has been committed yet" in tables.render_study({"de -> en": (tmp_path / "absent.json", "")})
     assert tables.command_text(bench["command"]) in block
     assert bench["machine"]["cpu_model"] in block and bench["date"][:10] in block
 
 
-def test_study_rows_from_a_study_summary(tmp_path):
-    tables = _tables()
-    study = {
-        "command": "/venv/bin/python -m nmt.cli.study multirun/x --output docs/study/caption_windows",
+def _study(corpus: str, shift: float, seeds: int) -> dict:
+    """A study.json of two models and k = 1, 2, 5 (k=5 untrained), greedy; `shift` moves every BLEU."""
+    sets = [{"k": k, "trained": k <= 4} for k in (1, 2, 5)]
+
+    def row(k: int, bleu: float) -> dict:
+        return {"k": k, "bleu": bleu + shift, "low": bleu + shift - 1, "high": bleu + shift + 1, "seeds": seeds}
+
+    def model(label: str, by_k: dict, ratio: float | None) -> dict:
+        return {
+            "label": label,
+            "seeds": seeds,
+            "bleu_by_k": {str(k): b + shift for k, b in by_k.items()},
+            "by_k": [row(k, b) for k, b in by_k.items()],
+            "train_minutes": 30.2,
+            **({"ratio": ratio, "ratio_k": 4} if ratio else {}),
+        }
+
+    cell = {"p_holm": 10 / 1001, "significant": True, "deltas": [17.3] * seeds}
+    return {
+        "corpus": corpus,
         "trained_k": 4,
-        "models": {
-            "none": {
-                "label": "none (RNNencdec)",
-                "seeds": 3,
-                "bleu_by_k": {"1": 13.3, "2": 11.1, "5": 8.7},
-                "ratio": 0.662,
-                "ratio_k": 4,
-                "train_minutes": 30.2,
-            },
-            "bahdanau": {"label": "bahdanau (RNNsearch order)", "seeds": 3, "bleu_by_k": {"1": 30.6, "2": 33.1}},
+        "headline": "greedy",
+        "bootstrap": 1000,
+        "sets": sets,
+        "results": {
+            "greedy": {
+                "models": {
+                    "none": model("none (RNNencdec: context into every step)", {1: 13.3, 2: 11.1, 5: 8.7}, 0.662),
+                    "bahdanau": model("bahdanau (RNNsearch order)", {1: 30.6, 2: 33.1, 5: 30.0}, None),
+                },
+                "paired": {"bahdanau": {"1": cell, "2": cell, "5": cell}},
+                "interaction": {
+                    "bahdanau": {
+                        "difference": 0.471,
+                        "ci_seeds": [0.3, 0.6],
+                        "ci_test": [0.402, 0.55],
+                        "k": 4,
+                        "seeds": seeds,
+                    }
+                },
+            }
         },
-        "interaction": {"bahdanau": {"difference": 0.471, "ci95": [0.402, 0.55], "k": 4}},
         "runs": [
             {"cpu": "AMD EPYC", "trained_at": "2026-12-05T10:00Z"},
             {"cpu": "AMD EPYC (recorded there; training's not stored)", "trained_at": "2026-12-05T11:00Z"},
         ],
     }
+
+
+def test_study_rows_from_a_study_summary(tmp_path):
+    tables = _tables()
     path = tmp_path / "study.json"
-    path.write_text(json.dumps(study))
-    block = tables.render(study=path)
+    path.write_text(json.dumps(_study("multi30k-de-en", 0.0, 3)))
+    block = tables.render(studies={"de -> en": (path, "/venv/bin/python -m nmt.cli.study multirun/x --output d")})
     assert "13.3 / 11.1 / 8.7 (k=5: longer than any training example); keeps 0.66 of its k=1 BLEU at k=4" in block
-    assert "30.6 / 33.1" in block and "+0.471 [+0.402, +0.550]" in block
+    assert "30.6 / 33.1" in block and "+0.471 (seeds [+0.300, +0.600]; test set [+0.402, +0.550])" in block
+    assert "bottleneck study, Multi30k de -> en, greedy, none" in block and "(3 seeds, 30 min" in block
     assert "python -m nmt.cli.study multirun/x" in block and "AMD EPYC" in block and "2026-12-05" in block
     assert block.count("2026-12-05") == 1  # named once, in the study's first row
     assert "AMD EPYC, 1 thread a run" in block and "recorded there" not in block  # one machine, however recorded
+
+
+def test_study_tables_show_both_language_pairs_side_by_side(tmp_path):
+    """Each model's de -> en row is followed by its fr -> en row, with the figures and seeds of its JSON; the
+    findings give each pair's interaction and its largest Holm p, rounded up; an edited figure fails --check."""
+    tables = _tables()
+    studies = {}
+    for pair, corpus, shift, seeds in (("de -> en", "multi30k-de-en", 0.0, 5), ("fr -> en", "multi30k-fr-en", 2.0, 3)):
+        path = tmp_path / f"{corpus}.json"
+        path.write_text(json.dumps(_study(corpus, shift, seeds)))
+        studies[pair] = (path, f"nmt-study {corpus}")
+    block = tables.render_study(studies)
+    rows = [line for line in block.splitlines() if line.startswith("| RNN")]
+    assert [r.split(" | ")[1] for r in rows] == ["de -> en", "fr -> en"] * 2
+    assert rows[0].startswith("| RNNencdec (`none`) | de -> en | greedy | 5 | 13.3 [12.3, 14.3] | 11.1")
+    assert rows[1].startswith("| RNNencdec (`none`) | fr -> en | greedy | 3 | 15.3 [14.3, 16.3] | 13.1")
+    assert (
+        "| de -> en | greedy | bahdanau | 5 | +0.471 | [+0.300, +0.600] | [+0.402, +0.550] | 0.010; 3 of 3 k |" in block
+    )
+    assert "| fr -> en | greedy | bahdanau | 3 |" in block
+    doc = tmp_path / "study.md"
+    readme = tmp_path / "README.md"
+    readme.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
+    doc.write_text(f"# x\n\n{tables.STUDY_BEGIN}\n{tables.STUDY_END}\n", encoding="utf-8")
+    readme_text, doc_text = tables.rewritten(readme.read_text(), doc.read_text(), tables.BENCHMARK, studies)
+    assert block in readme_text and tables.render_study(studies, every_decoding=True) in doc_text
+    assert "15.3 [14.3, 16.3]" in doc_text
+    doc.write_text(doc_text.replace("15.3 [14.3, 16.3]", "15.4 [14.3, 16.3]"), encoding="utf-8")
+    assert tables.main(["--check", "--study-doc", str(doc)]) == 1  # a hand-made change is caught ...
 
 
 def test_readme_is_short_and_cites_no_commit():
@@ -151,10 +215,10 @@ def test_cited_docs_paths_exist(page):
         target = (page.parent / link).resolve()
         if target.is_relative_to(ROOT):
             cited.add(target.relative_to(ROOT).as_posix())
-    pending = not (ROOT / PENDING).exists()
+    pending = [folder for folder in PENDING if not (ROOT / folder).exists()]
     missing = [
         p
         for p in sorted(cited)
-        if not (ROOT / p).exists() and not (pending and (p == PENDING or p.startswith(PENDING + "/")))
+        if not (ROOT / p).exists() and not any(p == folder or p.startswith(folder + "/") for folder in pending)
     ]
     assert not missing, f"{page.name} cites paths that do not exist: {missing}"

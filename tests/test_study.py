@@ -1,8 +1,10 @@
 """Tests for the bottleneck study (nmt.study): the presets' sweeps, decoder labels, what runs may differ in,
-refused splits and inputs, corrupt records, seeds paired by their recorded seed, the package's imports, and
-`nmt-study` end to end on a tiny sweep (attention=none,bahdanau x seed=1,2 on two small line-aligned files with
-caption windows k = 1..3, trained once per module): its records and numbers checked against sacrebleu, and the
-study rebuilt from its records alone equal to the original, file for file.
+refused splits and inputs, corrupt records, version-1 records beside version-2 ones, decodings only some seeds
+have, seeds paired by their recorded seed, the package's imports, and `nmt-study` end to end on a tiny sweep
+(attention=none,bahdanau x seed=1,2 on two small line-aligned files with caption windows k = 1..3, trained once
+per module; 25 test captions, so windows of exactly k leave one out at k = 2 and 3): its records (greedy and
+beam 5) and numbers checked against sacrebleu, and the study rebuilt from its records alone equal to the
+original, file for file; the committed studies rebuilt from their records.
 The statistics alone (bootstrap by hand, paired tests, Holm, p-values) are in tests/test_study_stats.py.
 
     python -m pytest -q tests/test_study.py
@@ -25,12 +27,22 @@ import matplotlib.image
 import pytest
 import sacrebleu
 
-from nmt.corpora.windows import window_sizes
 from nmt.errors import ConfigError, DataError
-from nmt.study.build import CANDIDATE_EDGES, StudySettings, check_records, check_split, choose_edges, summarise
+from nmt.study.build import StudySettings
+from nmt.study.checks import check_records, check_split
 from nmt.study.configs import check_comparable, decoder_label, differing_keys
-from nmt.study.records import FORMAT, VERSION, StudyRun, read_record, references_sha256, write_record
+from nmt.study.lengths import CANDIDATE_EDGES, choose_edges
+from nmt.study.records import (
+    FORMAT,
+    VERSION,
+    StudyRun,
+    read_record,
+    record_decodings,
+    references_sha256,
+    write_record,
+)
 from nmt.study.runs import find_inputs
+from nmt.study.summary import summarise
 
 BIN = Path(sys.executable).parent
 STUDY_DIR = Path(__file__).parents[1] / "nmt" / "study"
@@ -71,11 +83,12 @@ def _write_pairs(root: Path, name: str, n: int, rng: random.Random) -> list[str]
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
-    """`nmt-train -m data=files attention=none,bahdanau seed=1,2` on tiny files (test: 24 captions, so 12
-    windows of k=2 and 8 of k=3; trained on windows of up to 2), a tiny model, 40 steps: seconds."""
+    """`nmt-train -m data=files attention=none,bahdanau seed=1,2` on tiny files (test: 25 captions, so 12
+    windows of k=2 and 8 of k=3, one caption left out of each; trained on windows of up to 2), a tiny model,
+    40 steps: seconds."""
     root = tmp_path_factory.mktemp("study")
     rng = random.Random(0)
-    for name, n in (("train", 300), ("valid", 20), ("test", 24)):
+    for name, n in (("train", 300), ("valid", 20), ("test", 25)):
         _write_pairs(root, name, n, rng)
     files = {name: f"data.{name}=['{root / name}.de','{root / name}.en']" for name in ("train", "valid", "test")}
     cmd = [
@@ -150,24 +163,35 @@ def _hypotheses(references: list[str], keep: float, variant: int) -> list[str]:
     return [" ".join(w for w in ref.split() if rng.random() < keep) or "a" for ref in references]
 
 
-def fake_record(name: str, attention: str, seed: int, variant: int, keep: float = 0.7, **trainer) -> dict:
-    """A record as nmt.study.records writes one, of 8 captions and their windows of k = 1, 2."""
-    hyps = _hypotheses(REFERENCES, keep, variant)
+def fake_record(
+    name: str, attention: str, seed: int, variant: int, keep: float = 0.7, beams=(1,), version: int = VERSION, **trainer
+) -> dict:
+    """A record as nmt.study.records writes one (version 2, or 1: greedy only, its windows cut as version 1
+    cut them: a short last window), of 9 captions and their windows of k = 1, 2 (one caption left out)."""
+    captions = [*REFERENCES, "a dog runs across the green grass"]
+    hyps = {b: _hypotheses(captions, keep - 0.05 * (b > 1), variant + b) for b in beams}
     sets = {}
     for k in (1, 2):
-        sizes = window_sizes([0] * len(REFERENCES), k)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        refs = [" ".join(REFERENCES[s : s + n]) for s, n in zip(starts, sizes, strict=True)]
+        sizes = [k] * (len(captions) // k) + ([len(captions) % k] if version == 1 and len(captions) % k else [])
+        starts = [k * i for i in range(len(sizes))]
+        refs = [" ".join(captions[s : s + n]) for s, n in zip(starts, sizes, strict=True)]
+        outputs = {
+            ("greedy" if b == 1 else f"beam{b}"): {
+                "hypotheses": [" ".join(hyps[b][s : s + n]) for s, n in zip(starts, sizes, strict=True)],
+                "bleu": 0.0,
+                "chrf": 0.0,
+                "ter": 0.0,
+            }
+            for b in beams
+        }
         sets[f"test_k{k}"] = {
             "k": k,
             "sizes": sizes,
-            "hypotheses": [" ".join(hyps[s : s + n]) for s, n in zip(starts, sizes, strict=True)],
             "references": refs,
             "references_sha256": references_sha256(refs),
             "source_words": [len(r.split()) for r in refs],
-            "bleu": 0.0,
-            "chrf": 0.0,
-            "ter": 0.0,
+            **({"left_out": len(captions) - k * (len(captions) // k), "outputs": outputs} if version > 1 else {}),
+            **(outputs["greedy"] if version == 1 else {}),
         }
     config = {
         "seed": seed,
@@ -178,16 +202,17 @@ def fake_record(name: str, attention: str, seed: int, variant: int, keep: float 
         "model": {"input_feeding": False},
         "trainer": {"max_epochs": 9, "threads": 1, **trainer},
     }
+    decodings = {("greedy" if b == 1 else f"beam{b}"): {"beam_size": b, "batch_tokens": 4000} for b in beams}
     return {
         "format": FORMAT,
-        "version": VERSION,
+        "version": version,
         "name": name,
         "config": config,
         "provenance": {"commit": "abc", "cpu_model": "cpu", "torch": "2"},
         "corpus": "files",
         "split": "test",
         "units": None,
-        "overlap": {"pairs": 8, "source": 0, "target": 0, "both": 0},
+        "overlap": {"pairs": 9, "source": 0, "target": 0, "both": 0},
         "train_minutes": 1.0,
         "steps": 10,
         "epochs": 1,
@@ -195,7 +220,7 @@ def fake_record(name: str, attention: str, seed: int, variant: int, keep: float 
         "best": {"metric": "bleu", "value": 1.0, "step": 10},
         "learning_curve": {},
         "parameters": 100,
-        "decoding": {"beam_size": 1},
+        **({"decodings": decodings} if version > 1 else {"decoding": {"beam_size": 1, "batch_tokens": 8000}}),
         "signatures": {},
         "sets": sets,
         "long": {"set": "test_k1", "index": 0, "source": "x", "reference": "y", "text": "y", "attention": None},
@@ -264,6 +289,19 @@ def test_runs_may_differ_only_in_the_attention_the_seed_and_ignored_keys():
         check_comparable([a, b, c], ["a", "b", "c"])
 
 
+def test_runs_trained_before_a_config_key_existed_compare_as_its_neutral_value():
+    """Records of runs trained before model.self_attention_* existed combine with new runs without the layer
+    (the heads of zero layers change nothing), not with runs that have one."""
+    old = fake_record("a", "none", 1, 1)["config"]
+    new = fake_record("b", "bahdanau", 1, 2)["config"]
+    new["model"].update(self_attention_layers=0, self_attention_heads=4)
+    check_comparable([old, new], ["a", "b"])
+    layered = fake_record("c", "bahdanau", 2, 3)["config"]
+    layered["model"].update(self_attention_layers=1, self_attention_heads=4)
+    with pytest.raises(DataError, match=r"differ in model\.self_attention_heads: a has \"<unset>\", c has 4"):
+        check_comparable([old, new, layered], ["a", "b", "c"])
+
+
 def test_automatic_edges_are_the_finest_with_enough_items():
     uniform = [n for n in range(3, 41) for _ in range(16)]  # 3-40 words, 16 items each
     assert choose_edges(uniform, 80) == ([0, 10, 20, 30], True)  # 40+ holds only 16: the 5-bucket sets fail
@@ -310,10 +348,13 @@ def test_records_that_may_not_be_combined_are_refused():
     other["sets"]["test_k1"]["references_sha256"] = references_sha256(other["sets"]["test_k1"]["references"])
     with pytest.raises(DataError, match="records a and e have different references for test_k1"):
         check_records([a, b, other])
-    beam = fake_record("f", "bahdanau", 2, 6)
-    beam["decoding"] = {"beam_size": 5}
-    with pytest.raises(DataError, match="decoded differently"):
-        check_records([a, beam])
+    other_greedy = fake_record("f", "bahdanau", 2, 6)
+    other_greedy["decodings"]["greedy"]["length_penalty"] = 0.6
+    with pytest.raises(DataError, match="decoded differently for greedy"):
+        check_records([a, other_greedy])
+    beam = fake_record("g", "bahdanau", 2, 6, beams=(1, 5))  # beam 5 beside greedy: combines
+    old = fake_record("h", "bahdanau", 3, 7, version=1)  # version 1 (batch_tokens 8000, a short window)
+    check_records([a, beam, old])
 
 
 def test_corrupt_record_files_are_data_errors_naming_the_file(tmp_path):
@@ -364,6 +405,8 @@ def _main_error(args: list, capsys) -> str:
         (["--bootstrap", "999"], "--bootstrap 999: use at least 1000 resamples"),
         (["--buckets", "0,x"], "--buckets 0,x"),
         (["--buckets", "10,5"], "strictly increasing"),
+        (["--beam", "0,5"], "--beam 0,5: beam sizes must be at least 1"),
+        (["--beam", "1,five"], "--beam 1,five: give beam sizes separated by commas"),
     ],
 )
 def test_refused_options_are_one_line_errors(args, message, tmp_path, capsys):
@@ -380,7 +423,7 @@ def test_refused_records_are_one_line_errors(tmp_path, capsys):
     err = _main_error([a, b, longer, *out], capsys)
     assert "trainer.max_epochs" in err and "a has 9" in err and "c has 10" in err
     other = fake_record("d", "bahdanau", 2, 4)
-    other["sets"]["test_k2"]["references"][-1] += " again"
+    other["sets"]["test_k2"]["references"][-2] += " again"
     other["sets"]["test_k2"]["references_sha256"] = references_sha256(other["sets"]["test_k2"]["references"])
     err = _main_error([a, write_record(other, tmp_path / "d.json.gz"), *out], capsys)
     assert "different references for test_k2 (sha256 " in err
@@ -397,6 +440,14 @@ def test_refused_records_are_one_line_errors(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------- seed pairing
+def _bleu(record: dict, k: int, decoding: str = "greedy", captions: int | None = None) -> float:
+    """sacrebleu's BLEU of a fake record's windows of exactly k (the first `captions` single ones at k=1)."""
+    s = record["sets"][f"test_k{k}"]
+    keep = [i for i, n in enumerate(s["sizes"]) if n == k][:captions]
+    hyps = s["outputs"][decoding]["hypotheses"] if "outputs" in s else s["hypotheses"]
+    return sacrebleu.corpus_bleu([hyps[i] for i in keep], [[s["references"][i] for i in keep]]).score
+
+
 def test_seeds_are_paired_by_the_recorded_seed_not_the_name():
     """bahdanau's runs are named x (seed 2) and y (seed 1): x pairs with none's seed 2, y with seed 1."""
     records = [
@@ -408,34 +459,88 @@ def test_seeds_are_paired_by_the_recorded_seed_not_the_name():
     check_records(records)
     runs = sorted((StudyRun.of(r) for r in records), key=lambda r: r.name)
     summary = summarise(runs, StudySettings(edges=[0, 10, 20]), [])
+    res = summary["results"]["greedy"]
+    named = {r["name"]: r for r in records}
 
-    def bleu(name: str, k: int) -> float:
-        s = next(r for r in records if r["name"] == name)["sets"][f"test_k{k}"]
-        return sacrebleu.corpus_bleu(s["hypotheses"], [s["references"]]).score
+    def bleu(name: str, k: int, captions: int | None = None) -> float:
+        return _bleu(named[name], k, captions=captions)
 
-    assert summary["models"]["bahdanau"]["seed_list"] == [1, 2]
-    assert summary["models"]["bahdanau"]["runs"] == ["y", "x"] and summary["models"]["none"]["runs"] == ["a", "b"]
+    assert summary["headline"] == "greedy" and list(summary["results"]) == ["greedy"]
+    assert res["models"]["bahdanau"]["seed_list"] == [1, 2]
+    assert res["models"]["bahdanau"]["runs"] == ["y", "x"] and res["models"]["none"]["runs"] == ["a", "b"]
     for k in (1, 2):
         by_seed = [bleu("y", k) - bleu("a", k), bleu("x", k) - bleu("b", k)]
         by_name = [bleu("x", k) - bleu("a", k), bleu("y", k) - bleu("b", k)]  # what pairing by name would give
         assert [round(d, 2) for d in by_seed] != [round(d, 2) for d in by_name]
-        cell = summary["paired"]["bahdanau"][str(k)]
+        cell = res["paired"]["bahdanau"][str(k)]
         assert cell["deltas"] == pytest.approx(by_seed, abs=0.006)
-    ratios = [bleu(r, 2) / bleu(r, 1) for r in ("y", "a", "x", "b")]
-    assert summary["interaction"]["bahdanau"]["per_seed"] == pytest.approx(
+    # the ratio: k=2 over the 8 single captions its windows hold (the 9th is in no window of 2)
+    ratios = [bleu(r, 2) / bleu(r, 1, captions=8) for r in ("y", "a", "x", "b")]
+    assert res["interaction"]["bahdanau"]["per_seed"] == pytest.approx(
         [ratios[0] - ratios[1], ratios[2] - ratios[3]], abs=0.0006
     )
+    assert summary["sets"][1]["left_out"] == 1 and summary["sets"][1]["n"] == 4
+    assert any("k = 2: 4 windows of exactly 2; the last 1 pair left out" in n for n in summary["notes"])
 
 
 def test_a_seed_with_bleu_0_at_k1_gets_no_ratio_and_no_interaction():
     records = [fake_record("a", "none", 1, 10), fake_record("b", "bahdanau", 1, 11)]
     for s in records[0]["sets"].values():
-        s["hypotheses"] = ["zzz"] * len(s["hypotheses"])  # nothing matches: BLEU 0 at every k
+        out = s["outputs"]["greedy"]
+        out["hypotheses"] = ["zzz"] * len(out["hypotheses"])  # nothing matches: BLEU 0 at every k
     notes: list[str] = []
-    summary = summarise([StudyRun.of(r) for r in records], StudySettings(edges=[0, 10, 20]), notes)
-    assert "ratio" not in summary["models"]["none"] and "ratio" in summary["models"]["bahdanau"]
-    assert summary["interaction"] == {} and any("none has BLEU 0 at k=1" in n for n in notes)
-    assert summary["paired"]["bahdanau"]["1"]["deltas"][0] > 0
+    res = summarise([StudyRun.of(r) for r in records], StudySettings(edges=[0, 10, 20]), notes)["results"]["greedy"]
+    assert "ratio" not in res["models"]["none"] and "ratio" in res["models"]["bahdanau"]
+    assert res["interaction"] == {} and any("none has BLEU 0 at k=1" in n for n in notes)
+    assert res["paired"]["bahdanau"]["1"]["deltas"][0] > 0
+
+
+def test_version_1_records_read_as_version_2_without_their_short_windows(tmp_path):
+    """A version-1 record (greedy only, a short last window, batch_tokens 8000) and the version-2 record of
+    the same translations give the same outputs and the same study; written back, it is unchanged."""
+    old = [fake_record("a", "none", 1, 10, version=1), fake_record("b", "bahdanau", 1, 11, version=1)]
+    new = [fake_record("a", "none", 1, 10), fake_record("b", "bahdanau", 1, 11)]
+    assert old[0]["sets"]["test_k2"]["sizes"] == [2, 2, 2, 2, 1] and new[0]["sets"]["test_k2"]["sizes"] == [2] * 4
+    check_records([old[0], new[1]])  # one study may mix them
+    for v1, v2 in zip(old, new, strict=True):
+        a, b = StudyRun.of(v1), StudyRun.of(v2)
+        for name in ("test_k1", "test_k2"):
+            assert a.outputs["greedy"][name].hypotheses == b.outputs["greedy"][name].hypotheses
+            assert (a.outputs["greedy"][name].stats == b.outputs["greedy"][name].stats).all()
+        path = write_record(v1, tmp_path / f"{v1['name']}.json.gz")
+        assert write_record(read_record(path), tmp_path / "again.json.gz").read_bytes() == path.read_bytes()
+    settings = StudySettings(edges=[0, 10, 20])
+    one = summarise([StudyRun.of(r) for r in old], settings, [])
+    two = summarise([StudyRun.of(r) for r in new], settings, [])
+    assert one["results"] == two["results"] and one["sets"] == two["sets"]
+
+
+def test_a_decoding_only_some_seeds_have_is_reported_on_those():
+    """Beam 5 for seed 1 only: the greedy rows have two seeds, the beam-5 rows one, and a note says so."""
+    records = [
+        fake_record("a", "none", 1, 10, beams=(1, 5)),
+        fake_record("b", "none", 2, 20),
+        fake_record("c", "bahdanau", 1, 11, beams=(1, 5), keep=0.9),
+        fake_record("d", "bahdanau", 2, 21, keep=0.9),
+    ]
+    check_records(records)
+    summary = summarise([StudyRun.of(r) for r in records], StudySettings(edges=[0, 10, 20]), [])
+    assert summary["headline"] == "greedy" and list(summary["results"]) == ["greedy", "beam5"]
+    assert summary["decodings"]["beam5"]["beam_size"] == 5
+    greedy, beam = summary["results"]["greedy"], summary["results"]["beam5"]
+    assert {m["seeds"] for m in greedy["models"].values()} == {2} and {m["seeds"] for m in beam["models"].values()} == {
+        1
+    }
+    assert all(row["seeds"] == 1 and row["ci_seeds"] is None for row in beam["models"]["none"]["by_k"])
+    assert beam["paired"]["bahdanau"]["1"]["deltas"] == [
+        round(_bleu(records[2], 1, "beam5") - _bleu(records[0], 1, "beam5"), 2)
+    ]
+    assert any("beam5 has only some seeds" in n and "none 1 of 2" in n for n in summary["notes"])
+    from nmt.study.tables import windows_markdown
+
+    assert "| none: none (RNNencdec: context into every step) | 1 |" in windows_markdown(summary, "beam5")
+    only_beam = [fake_record("e", "none", 1, 10, beams=(5,)), fake_record("f", "bahdanau", 1, 11, beams=(5,))]
+    assert summarise([StudyRun.of(r) for r in only_beam], StudySettings(edges=[0, 10, 20]), [])["headline"] == "beam5"
 
 
 # ---------------------------------------------------------------------------------------------- imports
@@ -484,18 +589,23 @@ def test_the_study_modules_import_no_cycle():
 
 # ------------------------------------------------------------------------------------------ nmt-study
 def test_study_writes_records_tables_and_figures(study):
-    from nmt.study.report import interaction_markdown, paired_markdown, windows_markdown
+    from nmt.study.tables import interaction_markdown, paired_markdown, windows_markdown
 
     proc, summary, out = study
-    for name in (*FIGURES, "study.md", "study.json"):
+    for name in (*FIGURES, "bleu_by_window_beam5.png", "study.md", "study.json"):
         assert (out / name).is_file(), name
-    for name in FIGURES:
-        assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
-        assert matplotlib.image.imread(out / name).shape[2] in (3, 4)
+        if name.endswith(".png"):
+            assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
+            assert matplotlib.image.imread(out / name).shape[2] in (3, 4)
     md = (out / "study.md").read_text()
-    for table in (windows_markdown(summary), interaction_markdown(summary), paired_markdown(summary)):
-        assert table and table in md and table in proc.stdout
-    assert "(bleu_by_window.png)" in md and "k=3 (untrained)" in md
+    assert summary["headline"] == "greedy" and list(summary["results"]) == ["greedy", "beam5"]
+    for decoding in ("greedy", "beam5"):
+        for table in (windows_markdown(summary, decoding), paired_markdown(summary, decoding)):
+            assert table and table in md and table in proc.stdout
+        interaction = interaction_markdown(summary, decoding)  # this tiny model's beam 5 may score 0 at k=1
+        assert interaction in md and interaction in proc.stdout and (interaction or decoding == "beam5")
+    assert "(bleu_by_window.png)" in md and "(bleu_by_window_beam5.png)" in md and "k=3 (untrained)" in md
+    assert "Headline: greedy decoding; beam 5 beside it" in md
     assert sorted(p.name for p in (out / "records").iterdir()) == [
         "0_none_seed1.json.gz",
         "1_none_seed2.json.gz",
@@ -503,20 +613,28 @@ def test_study_writes_records_tables_and_figures(study):
         "3_bahdanau_seed2.json.gz",
     ]
     assert summary["trained_k"] == 2 and [s["k"] for s in summary["sets"]] == [1, 2, 3]
-    assert [s["n"] for s in summary["sets"]] == [24, 12, 8] and summary["bootstrap"] == B
-    for att in ("none", "bahdanau"):
-        m = summary["models"][att]
-        assert set(m["bleu_by_k"]) == {"1", "2", "3"} and m["seeds"] == 2 and m["seed_list"] == [1, 2]
-        assert m["ratio_k"] == 2 and isinstance(m["ratio"], float) and math.isfinite(m["ratio"])
-        for row in m["by_k"]:
-            assert row["low"] <= row["bleu"] <= row["high"] and len(row["seed_bleu"]) == 2
-    x = summary["interaction"]["bahdanau"]
-    assert isinstance(x["difference"], float) and x["ci95"][0] <= x["ci95"][1] and x["k"] == 2
-    for k in ("1", "2", "3"):
-        cell = summary["paired"]["bahdanau"][k]
-        assert 0 < cell["p_holm"] <= 1 and cell["p_holm"] >= cell["p"] and isinstance(cell["seeds_agree"], bool)
-        assert cell["significant"] == (cell["seeds_agree"] and cell["p_holm"] < 0.05)
-    assert "none" not in summary["paired"]
+    assert [(s["n"], s["left_out"]) for s in summary["sets"]] == [(25, 0), (12, 1), (8, 1)] and summary[
+        "bootstrap"
+    ] == B
+    for decoding, res in summary["results"].items():
+        for att in ("none", "bahdanau"):
+            m = res["models"][att]
+            assert set(m["bleu_by_k"]) == {"1", "2", "3"} and m["seeds"] == 2 and m["seed_list"] == [1, 2]
+            if "ratio" in m or decoding == "greedy":  # (no ratio where a seed's BLEU at k=1 is 0: noted)
+                assert m["ratio_k"] == 2 and isinstance(m["ratio"], float) and math.isfinite(m["ratio"])
+            for row in m["by_k"]:
+                assert row["seeds"] == 2 and len(row["seed_bleu"]) == 2 and row["interval"] == "seeds"
+                assert row["low"] <= row["bleu"] <= row["high"] and [row["low"], row["high"]] == row["ci_seeds"]
+                assert row["ci_test"][0] <= row["ci_test"][1]
+        for x in res["interaction"].values():
+            assert isinstance(x["difference"], float) and x["k"] == 2 and x["seeds"] == 2
+            assert x["ci_seeds"][0] <= x["difference"] <= x["ci_seeds"][1] and x["ci_test"][0] <= x["ci_test"][1]
+        assert "bahdanau" in res["interaction"] or any("BLEU 0 at k=1" in n for n in summary["notes"])
+        for k in ("1", "2", "3"):
+            cell = res["paired"]["bahdanau"][k]
+            assert 0 < cell["p_holm"] <= 1 and cell["p_holm"] >= cell["p"] and isinstance(cell["seeds_agree"], bool)
+            assert cell["significant"] == (cell["seeds_agree"] and cell["p_holm"] < 0.05)
+        assert "none" not in res["paired"]
 
 
 def test_records_are_self_describing_and_small(sweep, study):
@@ -526,18 +644,25 @@ def test_records_are_self_describing_and_small(sweep, study):
     for name, record in _records(out).items():
         assert (out / "records" / f"{name}.json.gz").stat().st_size < 300_000
         assert record["name"] == name and record["split"] == "test" and record["units"] is None
+        assert record["version"] == 2 and sorted(record["decodings"]) == ["beam5", "greedy"]
+        assert record["decodings"]["beam5"]["beam_size"] == 5 and record["decodings"]["greedy"]["beam_size"] == 1
         assert record["config"]["seed"] in (1, 2) and record["config"]["data"]["window"] == 2
         assert isinstance(record["provenance"]["torch"], str) and "commit" in record["provenance"]
-        assert record["overlap"]["pairs"] == 24 and record["finished"] and record["steps"] == 40
+        assert record["overlap"]["pairs"] == 25 and record["finished"] and record["steps"] == 40
         assert sorted(record["sets"]) == ["test_k1", "test_k2", "test_k3"]
         for k in (1, 2, 3):
             s = record["sets"][f"test_k{k}"]
-            sizes = [k] * (24 // k)
-            assert s["k"] == k and s["sizes"] == sizes  # 24 captions: windows of exactly k
-            joined = [" ".join(tests[i : i + k]) for i in range(0, 24, k)]  # the same captions, k at a time
-            assert s["references"] == joined and len(s["hypotheses"]) == len(joined)
+            starts = range(0, 25 - 25 % k, k)  # windows of exactly k; the last 25 mod k captions left out
+            assert s["k"] == k and s["sizes"] == [k] * (25 // k) and s["left_out"] == 25 % k
+            joined = [" ".join(tests[i : i + k]) for i in starts]  # the same captions, k at a time
+            assert s["references"] == joined
             assert s["references_sha256"] == hashlib.sha256("\n".join(joined).encode()).hexdigest()
-            assert s["source_words"] == [len(" ".join(sources[i : i + k]).split()) for i in range(0, 24, k)]
+            assert s["source_words"] == [len(" ".join(sources[i : i + k]).split()) for i in starts]
+            for out_ in s["outputs"].values():
+                assert len(out_["hypotheses"]) == len(joined)
+                assert out_["bleu"] == pytest.approx(
+                    sacrebleu.corpus_bleu(out_["hypotheses"], [joined]).score, abs=0.006
+                )
         attention = record["long"]["attention"]
         if record["config"]["attention"]["name"] == "none":
             assert attention is None
@@ -546,49 +671,49 @@ def test_records_are_self_describing_and_small(sweep, study):
 
 
 def test_study_numbers_agree_with_sacrebleu(study, monkeypatch):
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
     _, summary, out = study
     records = _records(out)
     bleu = {
-        (r["config"]["attention"]["name"], r["config"]["seed"], s["k"]): sacrebleu.corpus_bleu(
-            s["hypotheses"], [s["references"]]
+        (r["config"]["attention"]["name"], r["config"]["seed"], s["k"], dec): sacrebleu.corpus_bleu(
+            o["hypotheses"], [s["references"]]
         ).score
         for r in records.values()
         for s in r["sets"].values()
+        for dec, o in s["outputs"].items()
     }
-    assert all(bleu[att, seed, 1] > 0 for att in ("none", "bahdanau") for seed in (1, 2))
-    for att in ("none", "bahdanau"):
-        m = summary["models"][att]
-        for k in (1, 2, 3):
-            assert m["bleu_by_k"][str(k)] == pytest.approx((bleu[att, 1, k] + bleu[att, 2, k]) / 2, abs=0.006)
-            assert m["by_k"][k - 1]["seed_bleu"] == pytest.approx([bleu[att, 1, k], bleu[att, 2, k]], abs=0.006)
-        ratios = [bleu[att, seed, 2] / bleu[att, seed, 1] for seed in (1, 2)]
-        assert m["ratio"] == pytest.approx(sum(ratios) / 2, abs=0.0006)
-    per_seed = [
-        bleu["bahdanau", s, 2] / bleu["bahdanau", s, 1] - bleu["none", s, 2] / bleu["none", s, 1] for s in (1, 2)
-    ]
-    assert summary["interaction"]["bahdanau"]["difference"] == pytest.approx(sum(per_seed) / 2, abs=0.0006)
-    # at k = 1 (captions, each its own unit) each seed pair's p is sacrebleu's paired test with its seed
+    assert all(bleu[att, seed, 1, "greedy"] > 0 for att in ("none", "bahdanau") for seed in (1, 2))
+    for dec in ("greedy", "beam5"):
+        for att in ("none", "bahdanau"):
+            m = summary["results"][dec]["models"][att]
+            for k in (1, 2, 3):
+                both = [bleu[att, 1, k, dec], bleu[att, 2, k, dec]]
+                assert m["bleu_by_k"][str(k)] == pytest.approx(sum(both) / 2, abs=0.006)
+                assert m["by_k"][k - 1]["seed_bleu"] == pytest.approx(both, abs=0.006)
+    # at k = 1 (captions) and k = 2 (windows, one caption left out), each seed pair's p is sacrebleu's paired
+    # test on that set's items with its default seed
     monkeypatch.setenv("SACREBLEU_SEED", "12345")
-    cell = summary["paired"]["bahdanau"]["1"]
-    for i, seed in enumerate((1, 2)):
-        sys_set = records[f"{2 + i}_bahdanau_seed{seed}"]["sets"]["test_k1"]
-        base_set = records[f"{i}_none_seed{seed}"]["sets"]["test_k1"]
-        assert cell["deltas"][i] == pytest.approx(bleu["bahdanau", seed, 1] - bleu["none", seed, 1], abs=0.006)
-        if sys_set["hypotheses"] == base_set["hypotheses"]:
-            assert cell["p_seeds"][i] == 1.0
-            continue
-        test = PairedTest(
-            [("none", base_set["hypotheses"]), ("bahdanau", sys_set["hypotheses"])],
-            {"BLEU": BLEU()},
-            [sys_set["references"]],
-            "bs",
-            B,
-        )
-        p = test()[1]["BLEU"][1].p_value
-        assert abs(cell["p_seeds"][i] - p) <= 2 / (B + 1), (cell["p_seeds"][i], p)
+    for k in ("1", "2"):
+        cell = summary["results"]["greedy"]["paired"]["bahdanau"][k]
+        for i, seed in enumerate((1, 2)):
+            sys_set = records[f"{2 + i}_bahdanau_seed{seed}"]["sets"][f"test_k{k}"]
+            base_set = records[f"{i}_none_seed{seed}"]["sets"][f"test_k{k}"]
+            hyps = [x["outputs"]["greedy"]["hypotheses"] for x in (base_set, sys_set)]
+            assert cell["deltas"][i] == pytest.approx(
+                bleu["bahdanau", seed, int(k), "greedy"] - bleu["none", seed, int(k), "greedy"], abs=0.006
+            )
+            if hyps[0] == hyps[1]:
+                assert cell["p_seeds"][i] == 1.0
+                continue
+            p = _sacrebleu_p(hyps[0], hyps[1], sys_set["references"])
+            assert abs(cell["p_seeds"][i] - p) <= 2 / (B + 1), (k, cell["p_seeds"][i], p)
+
+
+def _sacrebleu_p(base: list[str], system: list[str], references: list[str]) -> float:
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest([("none", base), ("bahdanau", system)], {"BLEU": BLEU()}, [references], "bs", B)
+    return test()[1]["BLEU"][1].p_value
 
 
 def test_the_study_rebuilt_from_its_records_alone_is_the_same_file_for_file(study, rebuilt):
@@ -623,20 +748,28 @@ def test_find_inputs_skips_unfinished_jobs_and_reads_directories_of_records(swee
     shutil.rmtree(tmp_path / "5_bahdanau_seed3")
 
 
-COMMITTED = Path(__file__).parents[1] / "docs" / "study" / "caption_windows"
+STUDIES = Path(__file__).parents[1] / "docs" / "study"
+COMMITTED = [STUDIES / "caption_windows", STUDIES / "caption_windows_fr"]  # de -> en, fr -> en
 
 
-@pytest.mark.skipif(not (COMMITTED / "records").is_dir(), reason="no committed caption-windows study")
-def test_the_committed_study_rebuilds_from_its_records_alone(tmp_path):
-    """`nmt-study docs/study/caption_windows/records` with no run directory anywhere writes the committed
-    study.json and study.md again, byte for byte, and the committed records stay under 300 KB each."""
-    shutil.copytree(COMMITTED / "records", tmp_path / "records")
+@pytest.mark.parametrize("committed", COMMITTED, ids=lambda p: p.name)
+def test_the_committed_study_rebuilds_from_its_records_alone(committed, tmp_path):
+    """`nmt-study docs/study/<study>/records` with no run directory anywhere writes the committed study.json
+    and study.md again, byte for byte; every row names its seeds, as many as the records of that model hold
+    that decoding; the committed records stay under 300 KB each (beam 5 beside greedy: about 250 KB)."""
+    if not (committed / "records").is_dir():
+        pytest.skip(f"no committed study {committed.name}")
+    shutil.copytree(committed / "records", tmp_path / "records")
     proc = subprocess.run(
         [sys.executable, "-m", "nmt.cli.study", str(tmp_path / "records")], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("study.json", "study.md"):
-        assert (tmp_path / name).read_bytes() == (COMMITTED / name).read_bytes(), name
-    assert all(p.stat().st_size < 300_000 for p in (COMMITTED / "records").iterdir())
-    summary = json.loads((COMMITTED / "study.json").read_text())
-    assert {m["seeds"] for m in summary["models"].values()} == {3}
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), name
+    assert all(p.stat().st_size < 300_000 for p in (committed / "records").iterdir())
+    summary = json.loads((committed / "study.json").read_text())
+    records = [read_record(p) for p in sorted((committed / "records").iterdir())]
+    for decoding, res in summary["results"].items():
+        for m in res["models"].values():
+            holding = [r for r in records if r["name"] in m["runs"] and decoding in record_decodings(r)]
+            assert m["seeds"] == len(holding) == len(m["runs"]) and all(row["seeds"] == m["seeds"] for row in m["by_k"])

@@ -1,40 +1,48 @@
-"""Tests for the study's statistics (nmt.study.stats), each against values computed independently here:
-BLEU from our own sentence statistics against sacrebleu, a bootstrap on four items worked by hand (the draws,
-the window weights, BLEU per draw, the paired p-value, a seed cell, the interaction), sacrebleu's own paired
-test on the same draws, seeds that disagree, Holm and p-values at the threshold, and the window figure.
+"""Tests for the study's statistics (nmt.study.resampling, nmt.study.stats), each against values computed
+independently here: BLEU from our own sentence statistics against sacrebleu; a bootstrap on four items worked by
+hand (the draws, what is drawn at each k, BLEU per draw, the paired p-value, a seed cell, the interaction);
+sacrebleu's own paired test on the same draws, at k=1 and on the windows of the committed study; the spread of
+BLEU when captions are summed into windows; the same-model seed pairs of the committed study; seeds that
+disagree; Holm; every p-value of several B printed never below itself; Student's t quantiles and the coverage of
+the t-interval; the window figure.
 
     python -m pytest -q tests/test_study_stats.py
 """
 
 from __future__ import annotations
 
+import functools
 import random
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
 import sacrebleu
 
-from nmt.metrics import bleu_from_statistics, bleu_statistics, percentile_interval
+from nmt.metrics import bleu_from_statistics, bleu_statistics
+from nmt.study.records import StudyRun, read_record
+from nmt.study.resampling import Draws, bleu_draws, block_items, block_weights, window_clusters
 from nmt.study.stats import (
-    Draws,
     Output,
     add_holm,
-    bleu_draws,
     combine,
+    exact_p,
     format_p,
     holm,
     interaction,
+    p_digits,
     paired_cell,
     paired_p,
     seed_cell,
-    seed_draws,
+    t_interval,
+    t_quantile,
 )
 
 README = Path(__file__).parents[1] / "README.md"
+RECORDS = Path(__file__).parents[1] / "docs" / "study" / "caption_windows" / "records"
 
-# four items, two systems; every item shares 4-grams with its reference, so every resample has matches of
-# every order and BLEU does not change when all statistics are scaled (the windows' test below relies on it)
+# four items, two systems; every item shares 4-grams with its reference
 REFS = [
     "the cat sat on the mat today",
     "a small dog ran in the park",
@@ -76,10 +84,28 @@ def _out(hyps: list[str], refs: list[str] = REFS) -> Output:
     return Output.of(hyps, refs, [len(r.split()) for r in refs])
 
 
+def _joined(items: list[str]) -> list[str]:
+    """The four items as two windows of k=2."""
+    return [items[0] + " " + items[1], items[2] + " " + items[3]]
+
+
 @pytest.fixture(scope="module")
 def text() -> list[str]:
     """Real English text with punctuation, numbers, code and markup: the README's non-empty lines."""
     return [line.strip() for line in README.read_text(encoding="utf-8").splitlines() if line.strip()][:400]
+
+
+@functools.cache
+def _committed(name: str) -> StudyRun:
+    return StudyRun.of(read_record(RECORDS / f"{name}.json.gz"))
+
+
+@pytest.fixture
+def committed():
+    """The committed caption-window study's runs (greedy, test2016), by record name, each read when asked for."""
+    if not RECORDS.is_dir():
+        pytest.skip("no committed caption-windows records")
+    return _committed
 
 
 # ------------------------------------------------------------------------------------- BLEU statistics
@@ -99,8 +125,6 @@ def test_bleu_from_our_statistics_equals_sacrebleu_on_real_text(text):
             theirs = sacrebleu.corpus_bleu([hyps[i] for i in idx], [[text[i] for i in idx]]).score
             assert ours == pytest.approx(theirs, abs=1e-6)
     assert Output.of(hyps, text, [1] * len(text)).bleu() == pytest.approx(sacrebleu.corpus_bleu(hyps, [text]).score)
-    batch = np.stack([stats[:10].sum(0), stats[10:50].sum(0)])  # (2, 10) -> (2,): many sums at once
-    assert bleu_from_statistics(batch).shape == (2,)
 
 
 # ------------------------------------------------------------------------------ a bootstrap by hand
@@ -113,47 +137,39 @@ def test_draws_are_numpy_choice_counted_by_hand():
                 counts[b][idx[b][j]] += 1
         draws = Draws.of(n, samples, seed)
         assert draws.samples == samples and draws.counts.tolist() == counts
-        assert all(sum(row) == n for row in counts)
 
 
-def test_window_weights_by_hand():
-    draws = Draws(COUNTS.astype(float))
-    # k = 1, every item its own unit: the weights are the draw counts themselves
-    assert draws.weights([0, 1, 2, 3]).tolist() == COUNTS.tolist()
-    assert draws.weights([0, 1, 2, 3], [1, 1, 1, 1]).tolist() == COUNTS.tolist()
-    # k = 2 on captions: a window weighs the mean count of its two captions
-    expected = [[(row[0] + row[1]) / 2, (row[2] + row[3]) / 2] for row in COUNTS.tolist()]
-    assert draws.weights([0, 1, 2, 3], [2, 2]).tolist() == expected
-    # k = 3: windows of 3 and of the 1 left over
-    expected = [[(row[0] + row[1] + row[2]) / 3, row[3]] for row in COUNTS.tolist()]
-    assert draws.weights([0, 1, 2, 3], [3, 1]) == pytest.approx(np.array(expected))
-    # chapter units (a record's "units"): items 0-2 in chapter 0, item 3 in chapter 1; two chapters drawn
-    chapters = Draws(COUNTS[:, :2].astype(float))
-    by_item = chapters.weights([0, 0, 0, 1])
-    for b, row in enumerate(COUNTS[:, :2].tolist()):
-        assert by_item[b].tolist() == [row[0], row[0], row[0], row[1]]  # every item gets its chapter's count
-    by_window = chapters.weights([0, 0, 0, 1], [2, 1, 1])  # windows of 2 in chapter 0: [0, 1], [2]; then [3]
-    for b, row in enumerate(COUNTS[:, :2].tolist()):
-        assert by_window[b].tolist() == [row[0], row[0], row[1]]  # every window of a chapter: its count
-    with pytest.raises(ValueError, match="sum to 3"):
-        draws.weights([0, 1, 2, 3], [2, 1])
+def test_what_is_drawn_at_each_k_by_hand():
+    """Captions: the unit at k is the window. Chapters (a record's units): the chapter, every window in it.
+    The interaction's blocks: one window of K and its K single items, drawn together."""
+    assert window_clusters([0, 1, 2, 3], 1, None).tolist() == [0, 1, 2, 3]
+    assert window_clusters([0, 2], 2, None).tolist() == [0, 1]  # each window its own unit
+    assert window_clusters([0, 3], 3, None).tolist() == [0, 1]  # 7 captions at k=3: the last one left out
+    chapters = [5, 5, 5, 5, 9, 9, 9]  # two chapters; windows of 2: [0, 1], [2, 3] in chapter 5, [4, 5] in 9
+    assert window_clusters([0, 2, 4], 2, chapters).tolist() == [0, 0, 1]
+    assert window_clusters(range(7), 1, chapters).tolist() == [0, 0, 0, 0, 1, 1, 1]
+    draws = Draws(COUNTS[:, :2].astype(float))
+    w = draws.weights(window_clusters([0, 2, 4], 2, chapters))
+    assert w.tolist() == [[row[0], row[0], row[1]] for row in COUNTS[:, :2].tolist()]
+    # blocks of K=2 over 5 captions: windows at 0 and 2; caption 4 is in no window and left out
+    items, w1, w2 = block_weights([0, 2], 2, None, 6, 7)
+    counts = Draws.of(2, 6, 7).counts
+    assert items.tolist() == block_items([0, 2], 2).tolist() == [0, 1, 2, 3]
+    assert w2.tolist() == counts.tolist()
+    assert w1.tolist() == [[a, a, b, b] for a, b in counts.tolist()]
 
 
 def test_bleu_per_draw_by_hand():
-    weights = Draws(COUNTS.astype(float)).weights([0, 1, 2, 3])
+    weights = Draws(COUNTS.astype(float)).weights(range(4))
     ours = bleu_draws(_out(BASE).stats, weights)
     assert ours.shape == (len(COUNTS),)
     for b, row in enumerate(COUNTS):
         assert ours[b] == pytest.approx(_sacrebleu(BASE, REFS, row), abs=1e-9)
-    # windows of k = 2: each window weighs a half-integer; twice the weights repeats each window a whole
-    # number of times, and (with matches of every order) BLEU is the same for statistics scaled by 2
-    window_refs = [REFS[0] + " " + REFS[1], REFS[2] + " " + REFS[3]]
-    window_hyps = [SYS[0] + " " + SYS[1], SYS[2] + " " + SYS[3]]
-    w2 = Draws(COUNTS.astype(float)).weights([0, 1, 2, 3], [2, 2])
-    ours = bleu_draws(_out(window_hyps, window_refs).stats, w2)
-    for b, row in enumerate(COUNTS.tolist()):
-        twice = [row[0] + row[1], row[2] + row[3]]
-        assert ours[b] == pytest.approx(_sacrebleu(window_hyps, window_refs, twice), abs=1e-9)
+    # k = 2: the two windows are drawn as units, whole numbers of times: BLEU of the windows so repeated
+    windows = Draws(COUNTS[:, :2].astype(float)).weights(window_clusters([0, 2], 2, None))
+    ours = bleu_draws(_out(_joined(SYS), _joined(REFS)).stats, windows)
+    for b, row in enumerate(COUNTS[:, :2].tolist()):
+        assert ours[b] == pytest.approx(_sacrebleu(_joined(SYS), _joined(REFS), row), abs=1e-9)
 
 
 def test_paired_p_and_paired_cell_by_hand():
@@ -162,125 +178,179 @@ def test_paired_p_and_paired_cell_by_hand():
     observed = sacrebleu.corpus_bleu(SYS, [REFS]).score - sacrebleu.corpus_bleu(BASE, [REFS]).score
     diffs = [abs(_sacrebleu(SYS, REFS, row) - _sacrebleu(BASE, REFS, row)) for row in COUNTS]
     mean = sum(diffs) / B
-    count = 0
-    for d in diffs:  # sacrebleu's rule: resampled |difference| centred on its mean, beyond the observed one
-        if d - mean > abs(observed):
-            count += 1
+    count = sum(d - mean > abs(observed) for d in diffs)  # sacrebleu's rule: centred |difference| beyond it
     assert 0 < count < B  # a p-value away from both ends, so that the check below means something
-    p = (count + 1) / (B + 1)
+    p = Fraction(count + 1, B + 1)
     system, baseline = _out(SYS), _out(BASE)
     assert paired_p(bleu_draws(system.stats, weights), bleu_draws(baseline.stats, weights), observed) == p
     assert paired_p(bleu_draws(baseline.stats, weights), bleu_draws(system.stats, weights), -observed) == p
     cell = paired_cell([(system, baseline)], weights)
-    assert cell["p"] == cell["p_seeds"][0] == p and cell["deltas"] == [round(observed, 2)] and cell["seeds_agree"]
-    # against itself (identical outputs) or an observed difference of 0: no evidence, p = 1
-    same = paired_cell([(baseline, _out(list(BASE)))], weights)
+    assert cell["p"] == cell["p_seeds"][0] == float(p) and cell["deltas"] == [round(observed, 2)]
+    assert cell["seeds_agree"] and cell["ci_seeds"] is None  # one seed pair: no interval over seeds
+    same = paired_cell([(baseline, _out(list(BASE)))], weights)  # against itself: no evidence, p = 1
     assert same["p"] == 1.0 and not same["seeds_agree"]
-    assert paired_p(np.array([1.0, 2.0]), np.array([2.0, 1.0]), 0.0) == 1.0
+    assert paired_p(np.array([1.0, 2.0]), np.array([2.0, 1.0]), 0.0) == 1
 
 
 def test_seed_cell_by_hand():
     weights = COUNTS.astype(float)
-    seeds = np.array([[1, 1], [2, 0], [0, 2], [1, 1], [2, 0], [0, 2]])  # (B, S): seeds drawn per replicate
     outputs = [_out(BASE), _out(SYS)]
     per_seed = [sacrebleu.corpus_bleu(BASE, [REFS]).score, sacrebleu.corpus_bleu(SYS, [REFS]).score]
-    values, plain = [], []
-    for b, row in enumerate(COUNTS):
-        draw = [_sacrebleu(BASE, REFS, row), _sacrebleu(SYS, REFS, row)]
-        values.append((seeds[b][0] * draw[0] + seeds[b][1] * draw[1]) / 2)
-        plain.append((draw[0] + draw[1]) / 2)
-    for resample, vals in ((seeds, values), (None, plain)):
-        low, high = np.percentile(vals, [2.5, 97.5])
-        cell = seed_cell(outputs, weights, resample)
-        assert cell["bleu"] == round((per_seed[0] + per_seed[1]) / 2, 2)
-        assert cell["seed_bleu"] == [round(x, 2) for x in per_seed]
-        assert (cell["low"], cell["high"]) == (round(low, 2), round(high, 2))
-    assert seed_draws(2, 50, 7).tolist() == Draws.of(2, 50, 7).counts.tolist()
-    assert percentile_interval(np.arange(101.0)) == pytest.approx((2.5, 97.5))
+    mean = (per_seed[0] + per_seed[1]) / 2
+    sd = abs(per_seed[0] - per_seed[1]) / 2**0.5  # two values: sample sd
+    half = 12.7062047 * sd / 2**0.5  # t(0.975, 1 df) from a table
+    draws = [(_sacrebleu(BASE, REFS, row) + _sacrebleu(SYS, REFS, row)) / 2 for row in COUNTS]
+    low, high = np.percentile(draws, [2.5, 97.5])
+    cell = seed_cell(outputs, weights)
+    assert (
+        cell["bleu"] == round(mean, 2) and cell["seeds"] == 2 and cell["seed_bleu"] == [round(x, 2) for x in per_seed]
+    )
+    assert cell["ci_seeds"] == pytest.approx([round(mean - half, 2), round(mean + half, 2)], abs=0.011)
+    assert cell["ci_test"] == [round(low, 2), round(high, 2)]
+    assert (cell["low"], cell["high"], cell["interval"]) == (*cell["ci_seeds"], "seeds")
+    one = seed_cell(outputs[:1], weights)  # one seed: no interval over seeds; the row shows the test set's
+    assert one["ci_seeds"] is None and [one["low"], one["high"]] == one["ci_test"] and one["interval"] == "test"
 
 
 def test_interaction_by_hand():
-    window_refs = [REFS[0] + " " + REFS[1], REFS[2] + " " + REFS[3]]
-    joined = lambda hyps: [hyps[0] + " " + hyps[1], hyps[2] + " " + hyps[3]]  # noqa: E731
-    system = [(_out(SYS), _out(joined(SYS), window_refs)), (_out(BASE), _out(joined(SYS), window_refs))]
-    baseline = [(_out(BASE), _out(joined(BASE), window_refs)), (_out(SYS), _out(joined(BASE), window_refs))]
-    per_seed = []
-    for (s1, sk), (b1, bk) in zip(system, baseline, strict=True):
-        ratio = lambda one, k: (  # noqa: E731
-            sacrebleu.corpus_bleu(k.hypotheses, [k.references]).score
-            / sacrebleu.corpus_bleu(one.hypotheses, [one.references]).score
-        )
-        per_seed.append(ratio(s1, sk) - ratio(b1, bk))
-    w1 = Draws(COUNTS.astype(float)).weights([0, 1, 2, 3])
-    w2 = Draws(COUNTS.astype(float)).weights([0, 1, 2, 3], [2, 2])
-    x = interaction(system, baseline, (w1, w2), None)
+    """Two seeds; K = 2: the blocks are the two windows, each with its two captions."""
+    system = [(_out(SYS), _out(_joined(SYS), _joined(REFS))), (_out(BASE), _out(_joined(SYS), _joined(REFS)))]
+    baseline = [(_out(BASE), _out(_joined(BASE), _joined(REFS))), (_out(SYS), _out(_joined(BASE), _joined(REFS)))]
+    counts = COUNTS[:, :2].astype(float)
+    blocks = (np.arange(4), np.repeat(counts, 2, axis=1), counts)
+
+    def ratio(one: Output, k: Output, row=None) -> float:
+        c1 = [1] * 4 if row is None else [row[0], row[0], row[1], row[1]]
+        ck = [1, 1] if row is None else row
+        return _sacrebleu(k.hypotheses, k.references, ck) / _sacrebleu(one.hypotheses, one.references, c1)
+
+    per_seed = [ratio(*s) - ratio(*b) for s, b in zip(system, baseline, strict=True)]
+    drawn = [
+        np.mean([ratio(*s, row) - ratio(*b, row) for s, b in zip(system, baseline, strict=True)])
+        for row in counts.tolist()
+    ]
+    x = interaction(system, baseline, blocks)
     assert x["per_seed"] == [round(d, 3) for d in per_seed] and x["seeds"] == 2
     assert x["difference"] == round(sum(per_seed) / 2, 3)
-    assert x["ci95"][0] <= x["ci95"][1]
+    assert x["ci_test"] == [round(v, 3) for v in np.percentile(drawn, [2.5, 97.5])]
+    assert x["ci_seeds"] == [round(v, 3) for v in t_interval(per_seed)]
 
 
 # ------------------------------------------------------------------------- sacrebleu's own paired test
-def test_paired_p_equals_sacrebleus_paired_bootstrap_on_the_same_draws(text, monkeypatch):
+def _sacrebleu_p(base: list[str], system: list[str], refs: list[str], samples: int) -> float:
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
+    test = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU()}, [refs], "bs", samples)
+    return test()[1]["BLEU"][1].p_value
+
+
+def test_paired_p_equals_sacrebleus_paired_bootstrap_on_the_same_draws(text, monkeypatch):
     monkeypatch.setenv("SACREBLEU_SEED", "12345")  # PairedTest's seed (its default), as _paired_bs_test uses it
     B = 1000
     for n, keep in ((40, 0.8), (80, 0.8)):
         refs = text[:n]
         base, system = _system(refs, keep, 1), _system(refs, keep, 2)
-        test = PairedTest([("baseline", base), ("system", system)], {"BLEU": BLEU()}, [refs], "bs", B)
-        _, scores = test()
-        theirs = scores["BLEU"][1]
-        assert 2 / (B + 1) < theirs.p_value < 0.5  # neither end, so that agreeing means something
+        theirs = _sacrebleu_p(base, system, refs, B)
+        assert 2 / (B + 1) < theirs < 0.5  # neither end, so that agreeing means something
         s, b = _out(system, refs), _out(base, refs)
-        assert s.bleu() == pytest.approx(theirs.score) and b.bleu() == pytest.approx(scores["BLEU"][0].score)
-        draws = Draws.of(n, B, 12345).weights(range(n))  # k = 1, each caption its own unit
+        draws = Draws.of(n, B, 12345).weights(window_clusters(range(n), 1, None))  # k = 1: each caption
         ours = paired_p(bleu_draws(s.stats, draws), bleu_draws(b.stats, draws), s.bleu() - b.bleu())
-        assert abs(ours - theirs.p_value) <= 2 / (B + 1), (ours, theirs.p_value)
+        assert abs(float(ours) - theirs) <= 2 / (B + 1), (ours, theirs)
+
+
+def test_captions_summed_into_windows_keep_the_spread_sacrebleu_gives(committed):
+    """none seed 1 at k=1: summing its captions' statistics in blocks of 4 leaves the corpus and its BLEU as
+    they are, so drawing the blocks must leave the bootstrap SD of BLEU near sacrebleu's over the captions
+    (issue 50: 0.455); a block weighing the mean draw count of its captions gave about 0.206."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import _bootstrap_resample
+
+    one = committed("none_seed1").outputs["greedy"]["test_k1"]
+    metric = BLEU()
+    stats = metric._extract_corpus_statistics(one.hypotheses, [one.references])
+    theirs = np.std([s.score for s in _bootstrap_resample(stats, metric, 1000)[1]])  # sacrebleu's, seed 12345
+    blocks = one.stats.reshape(-1, 4, 10).sum(1)  # (250, 10)
+    assert bleu_from_statistics(blocks.sum(0)) == pytest.approx(one.bleu())
+    ours = bleu_draws(blocks, Draws.of(250, 1000, 12345).weights(window_clusters(range(0, 1000, 4), 4, None))).std()
+    assert 0.8 < ours / theirs < 1.25, (ours, theirs)
+    captions = Draws.of(1000, 1000, 12345).counts  # the old way: one caption draw, a block its captions' mean
+    mean_counts = np.add.reduceat(captions, np.arange(0, 1000, 4), axis=1) / 4
+    assert bleu_draws(blocks, mean_counts).std() / theirs < 0.6  # what the test would have caught
+
+
+@pytest.mark.parametrize("model, seeds", [("none", (2, 3)), ("bahdanau", (2, 1))])
+def test_same_model_seed_pairs_at_k4_are_not_significant_as_in_sacrebleu(committed, model, seeds, monkeypatch):
+    """Two seeds of one model differ by chance: at k=4 their paired test on the windows is sacrebleu's own
+    paired bootstrap on those windows (issue 50: p 0.162 and 0.127) and not below 0.05."""
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")
+    a, b = (committed(f"{model}_seed{s}").outputs["greedy"]["test_k4"] for s in seeds)
+    w = Draws.of(len(a.references), 1000, 12345).weights(window_clusters(range(0, 1000, 4), 4, None))
+    ours = paired_p(bleu_draws(a.stats, w), bleu_draws(b.stats, w), a.bleu() - b.bleu())
+    theirs = _sacrebleu_p(b.hypotheses, a.hypotheses, a.references, 1000)
+    assert abs(float(ours) - theirs) <= 2 / 1001, (ours, theirs)
+    assert ours > 0.05 and a.bleu() > b.bleu()
 
 
 # --------------------------------------------------------------------------------- seeds and Holm
 def test_seeds_that_disagree_in_sign_are_never_significant():
-    cells = [combine([2.5, -0.4], [0.0001, 0.0001]), combine([-3.0, 1.0, -2.0], [1e-9, 1e-9, 1e-9])]
-    zero = combine([1.5, 0.0], [0.0001, 0.0001])  # a seed pair with no difference at all does not agree either
-    agree = combine([1.0, 2.0], [0.0001, 0.0002])
-    add_holm([*cells, zero, agree])
+    tiny = Fraction(1, 1001)
+    cells = [combine([2.5, -0.4], [tiny, tiny]), combine([-3.0, 1.0, -2.0], [tiny] * 3)]
+    zero = combine([1.5, 0.0], [tiny, tiny])  # a seed pair with no difference at all does not agree either
+    agree = combine([1.0, 2.0], [tiny, Fraction(2, 1001)])
+    add_holm([*cells, zero, agree], 1000)
     assert [c["seeds_agree"] for c in (*cells, zero, agree)] == [False, False, False, True]
     assert all(c["p_holm"] < 0.05 and not c["significant"] for c in (*cells, zero))
-    assert agree["significant"] and agree["p"] == 0.0002 and agree["delta"] == 1.5
-    # and through paired_cell: one seed clearly better, the other clearly worse
+    assert agree["significant"] and agree["p"] == 2 / 1001 and agree["delta"] == 1.5
     weights = Draws.of(len(REFS), 1000, 5).counts
     cell = paired_cell([(_out(SYS), _out(BASE)), (_out(BASE), _out(SYS))], weights)
-    add_holm([cell])
+    add_holm([cell], 1000)
     assert cell["deltas"][0] == -cell["deltas"][1] != 0 and not cell["seeds_agree"] and not cell["significant"]
 
 
-def test_holm_against_a_hand_computed_example():
-    ps = [0.01, 0.04, 0.03, 0.005]
+def test_holm_against_a_hand_computed_example_exactly():
+    ps = [Fraction(10, 1000), Fraction(40, 1000), Fraction(30, 1000), Fraction(5, 1000)]
     # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> kept at 0.06 (monotone)
-    assert holm(ps) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert holm([0.5, 0.6]) == [1.0, 1.0]  # 0.5 x 2 capped at 1, and 0.6 may not fall below it
-    assert holm([0.2]) == [0.2] and holm([]) == []
+    assert holm(ps) == [Fraction(3, 100), Fraction(6, 100), Fraction(6, 100), Fraction(2, 100)]
+    assert holm([Fraction(1, 2), Fraction(3, 5)]) == [1, 1]  # 0.5 x 2 capped at 1, and 0.6 may not fall below it
+    assert holm([Fraction(1, 5)]) == [Fraction(1, 5)] and holm([]) == []
+    # at the threshold exactly: B = 1999, p = 100/2000 = 0.05 is not significant; 99/2000 is. In floating
+    # point 3 x (100/6000 as a float) falls below 0.05; here the fractions decide.
+    for count, significant in ((100, False), (99, True)):
+        cells = [combine([1.0], [Fraction(count, 2000)])]
+        add_holm(cells, 1999)
+        assert cells[0]["significant"] == significant and exact_p(cells[0]["p_holm"], 1999) == Fraction(count, 2000)
 
 
-def test_p_values_at_the_threshold_are_decided_unrounded_and_printed_truncated():
-    at, below = combine([1.0], [0.05]), combine([1.0], [0.04995])
-    add_holm([at])
-    add_holm([below])
-    assert at["p_holm"] == 0.05 and not at["significant"]
-    assert below["p_holm"] == 0.04995 and below["significant"]
-    assert format_p(0.04995, 1000) == "0.049" and format_p(0.05, 1000) == "0.050"
-    B = 1000
-    assert format_p(1 / (B + 1), B) == "< 0.001"  # the smallest p B resamples can give
-    assert format_p(2 / (B + 1), B) == "0.001" and format_p(1.0, B) == "1.000" and format_p(None, B) == "-"
-    for c in range(1, B + 2):  # every p sacrebleu's rule can give, and Holm's multiples: none below 0.05
-        for m in (1, 2, 3, 7):  # prints as 0.05, none at or above prints below it
-            p = min(1.0, m * c / (B + 1))
-            shown = format_p(p, B)
-            assert shown.startswith("0.05") == (0.05 <= p < 0.06) or shown.startswith("<")
-            if not shown.startswith("<"):
-                assert float(shown) <= p < float(shown) + 0.001
+@pytest.mark.parametrize("B", [1000, 1999, 4999, 9999, 19999])
+def test_every_p_value_is_printed_rounded_up_with_digits_from_b(B):
+    """For every m, p = (m + 1) / (B + 1) and its Holm multiples print with floor(log10(B + 1)) decimals, never
+    lower than p and less than one printed step above it, read back exactly from the float study.json holds."""
+    d = p_digits(B)
+    assert d == {1000: 3, 1999: 3, 4999: 3, 9999: 4, 19999: 4}[B]
+    step = Fraction(1, 10**d)
+    for m in range(B + 1):
+        for times in (1, 3):  # a raw p and a Holm multiple
+            p = min(Fraction(1), times * Fraction(m + 1, B + 1))
+            shown = format_p(float(p), B)
+            assert len(shown.split(".")[1]) == d
+            assert p <= Fraction(shown) < p + step, (m, times, shown)
+    assert format_p(10 / 1001, 1000) == "0.010"  # Holm's 10 x 1/1001 = 0.00999, shown 0.009 before
+    assert format_p(Fraction(102, 2000), 1999) == "0.051" and format_p(None, B) == "-"
+
+
+def test_t_quantiles_match_tables_and_the_t_interval_covers_95_percent():
+    table = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 9: 2.2621572, 30: 2.0422725}
+    for df, value in table.items():
+        assert t_quantile(df) == pytest.approx(value, abs=1e-6)
+    assert t_interval([28.56, 20.53, 27.40]) == pytest.approx((14.72, 36.27), abs=0.01)  # issue 50's Luong k=1
+    assert t_interval([3.0]) is None
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5):  # seeds drawn from a normal: the t-interval covers the mean 95% of the time
+        x = rng.normal(10.0, 2.0, size=(40000, n))
+        half = t_quantile(n - 1) * x.std(axis=1, ddof=1) / np.sqrt(n)
+        coverage = np.mean(np.abs(x.mean(axis=1) - 10.0) <= half)
+        assert abs(coverage - 0.95) < 0.005, (n, coverage)
 
 
 def test_window_figure_is_a_png(tmp_path):

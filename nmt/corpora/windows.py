@@ -3,9 +3,11 @@
 `data.window=K` (every corpus but the synthetic one): training examples join 1..K pairs (drawn anew each
 epoch: nmt.data.PreparedData.train_split), and every evaluation split `<split>` (valid and each test set)
 gets one set per k = 1..K_test, `<split>_k<k>`: the split's pairs in file order cut into windows of exactly
-k (a unit's last window holds what is left), sources and targets joined with a space. Every k therefore holds
-the same reference words; only how many of them share one input changes. A unit is what a window may not
-cross: a Bible chapter, or (captions, the user's files) the whole split.
+k, sources and targets joined with a space; a unit's last n mod k pairs, too few for a window, are left out
+(left_out counts them; the study reports them). So every k holds the same reference words but for fewer than k
+pairs a unit (on test2016's 1,000 captions: one caption at k=3, none at k=2, 4 and 5), and only how many of
+them share one input changes. A unit is what a window may not cross: a Bible chapter, or (captions, the
+user's files) the whole split. Training windows are drawn elsewhere (nmt.data.window_split: 1..K pairs).
 
 `data.window_test` (None: K) may exceed K, to measure lengths never seen in training.
 """
@@ -33,30 +35,31 @@ def check_window(window: int, window_test: int | None, unit: str) -> int:
     return window if window_test is None else window_test
 
 
-def window_sizes(units: Sequence[int], k: int) -> list[int]:
-    """How many consecutive pairs each window of `k` holds, in order: k, ..., k, then a unit's rest."""
+def window_starts(units: Sequence[int], k: int) -> list[int]:
+    """Where each window of exactly `k` consecutive pairs starts, in order: every unit (a run of equal
+    numbers in `units`) cut from its first pair, its last n mod k pairs left out."""
     if k < 1:
         raise ValueError(f"window size {k}: use 1 or more")
-    sizes = []
+    starts, first = [], 0
     for _, run in itertools.groupby(units):
         n = len(list(run))
-        sizes += [k] * (n // k) + ([n % k] if n % k else [])
-    return sizes
+        starts += range(first, first + n - n % k, k)
+        first += n
+    return starts
+
+
+def left_out(units: Sequence[int], k: int) -> int:
+    """How many pairs no window of exactly `k` holds (each unit's last n mod k)."""
+    return len(units) - k * len(window_starts(units, k))
 
 
 def windows(pairs: Sequence[Pair], units: Sequence[int], k: int) -> list[Pair]:
-    """Each unit's consecutive pairs cut into windows of `k` (window_sizes), sources and targets joined with
-    a space.
-
-    A unit's last window holds the n mod k pairs left over, so every k gives the same pairs and the
-    same reference words: only how many pairs share one input changes.
-    """
-    out, start = [], 0
-    for size in window_sizes(units[: len(pairs)], k):
-        window = pairs[start : start + size]
-        out.append((" ".join(s for s, _ in window), " ".join(t for _, t in window)))
-        start += size
-    return out
+    """Each unit's consecutive pairs cut into windows of exactly `k` (window_starts), sources and targets
+    joined with a space; a unit's last n mod k pairs are left out."""
+    return [
+        (" ".join(s for s, _ in pairs[i : i + k]), " ".join(t for _, t in pairs[i : i + k]))
+        for i in window_starts(units[: len(pairs)], k)
+    ]
 
 
 def add_window_splits(

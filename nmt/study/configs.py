@@ -6,7 +6,9 @@
 
 A study compares runs that differ only in the attention (`attention.*`) and the seed. Paths and the keys
 that do not change what a run learns (device, threads, progress bars, logging, resume) may differ too; any
-other difference is refused, since the study's claims would then rest on more than the attention.
+other difference is refused, since the study's claims would then rest on more than the attention. A key the
+config gained after a run was trained (ADDED_LATER) counts as the value that means what such a run did, so
+records of older runs combine with new ones (the encoder's self-attention: none before it existed).
 """
 
 from __future__ import annotations
@@ -32,6 +34,17 @@ IGNORED_KEYS = (
     "trainer.heatmaps",
 )
 COMPARED = ("attention.", "seed")  # what the study compares across
+# keys added to the config after some recorded runs were trained -> the value that means what those runs did
+ADDED_LATER = {"model.self_attention_layers": 0}  # nmt.self_attention (issue 44): no layer before it
+
+
+def normalised(config: dict) -> dict:
+    """The config flattened (nmt.resume.flatten), with ADDED_LATER filled in where absent and the heads of
+    zero self-attention layers dropped (they change nothing)."""
+    flat = {**ADDED_LATER, **flatten(config)}
+    if not flat.get("model.self_attention_layers"):
+        flat.pop("model.self_attention_heads", None)
+    return flat
 
 
 def _matches(key: str, keys: Sequence[str]) -> bool:
@@ -52,7 +65,7 @@ def _value(flat: dict, key: str) -> str:
 
 def differing_keys(configs: Sequence[dict], skip: Callable[[str], bool] = lambda key: False) -> list[str]:
     """Dotted keys (except ignored and skipped ones) whose values are not the same in all `configs`."""
-    flat = [flatten(c) for c in configs]
+    flat = [normalised(c) for c in configs]
     keys = sorted({k for f in flat for k in f})
     return [k for k in keys if not ignored(k) and not skip(k) and len({_value(f, k) for f in flat}) > 1]
 
@@ -64,7 +77,7 @@ def check_comparable(configs: Sequence[dict], names: Sequence[str]) -> None:
     if not keys:
         return
     key = keys[0]
-    flat = [flatten(c) for c in configs]
+    flat = [normalised(c) for c in configs]
     first = _value(flat[0], key)
     other = next(i for i, f in enumerate(flat) if _value(f, key) != first)
     raise DataError(

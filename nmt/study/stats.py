@@ -1,23 +1,29 @@
-"""The bottleneck study's statistics, from BLEU's per-item sufficient statistics and resampling weights.
+"""The bottleneck study's statistics, from BLEU's per-item sufficient statistics and resampling weights
+(nmt.study.resampling says what is drawn at each k).
 
     out = Output.of(hypotheses, references, source_words)          # one run's translations of one set
-    draws = Draws.of(n_units, samples, seed)                        # bootstrap draws of the test set's units
-    w = draws.weights(units, sizes)                                 # (B, items): each item's weight per draw
-    p = paired_p(bleu_draws(sys.stats, w), bleu_draws(base.stats, w), observed)
+    cell = seed_cell([out_seed1, out_seed2, out_seed3], weights)   # seed mean, t-interval, test-set interval
+    cell = paired_cell([(sys1, base1), (sys2, base2)], weights)    # one test per seed pair, combined
+    add_holm(cells, samples)                                       # Holm over a family; significance
+    format_p(cell["p_holm"], samples)                              # "0.010": never below the p it shows
 
-Resampling follows the unit the test set was drawn by: a caption (Multi30k), a chapter (the Bible), else an
-item. One draw of the units holds for every window size k, so a resample has the same captions at every k:
-an item (a window of k captions) weighs the mean of its units' draw counts; at k = 1 on captions this is
-exactly the plain bootstrap over sentences, the same draws as sacrebleu's paired test with the same seed.
+Two sources of variation, reported apart:
+- the seeds: a model's S seeds are S training runs; their mean BLEU gets a t-interval on S - 1 degrees of
+  freedom (mean +- t * sd / sqrt(S)). A percentile bootstrap over three seeds can give only 10 distinct
+  resamples and never reaches beyond the seeds' range, so the seeds are not resampled.
+- the test set: the seed mean's BLEU over bootstrap draws of the test units (captions, windows, blocks),
+  a 95% percentile interval ("test interval"). It says how much another test set of the same kind could move
+  the figure, for these trained models.
 
-Paired test (per seed pair, a system against the baseline on the same items): sacrebleu's paired bootstrap
-rule (significance.PairedTest, test_type="bs", two-sided): p = (1 + #{b: |d_b| - mean|d| > |d|}) / (B + 1),
-where d is the observed BLEU difference and d_b its resampled values. So the smallest p is 1 / (B + 1).
+Paired test (per seed pair, a system against the baseline on the same draws): sacrebleu's paired bootstrap
+rule (significance._paired_bs_test, two-sided): p = (1 + m) / (B + 1), m = #{b: |d_b| - mean|d| > |d|},
+where d is the observed BLEU difference and d_b its resampled values. A cell combines its seed pairs by
+intersection-union: the largest of their p-values, significant only when every seed pair's difference has
+the same sign; Holm's step-down correction runs over a family of such cells (every k and every model).
 
-Seeds: a cell's verdict combines its seed pairs by intersection-union: the largest of their p-values, and
-significant only when every seed pair's difference has the same sign. Holm's step-down correction runs over a
-family of such combined p-values (every k and every model tested). p-values are decided unrounded and
-printed with format_p, at the resolution the resampling allows.
+Every p is an integer over B + 1 and is kept exact (fractions.Fraction): Holm's multiples, the comparison
+with ALPHA, and the printed value, which is rounded up to 10^-d with d = floor(log10(B + 1)) decimals (3 for
+B = 1000..9998, 4 for B = 9999..99998), so a p is never shown lower than it is (10/1001 prints as 0.010).
 """
 
 from __future__ import annotations
@@ -25,15 +31,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
 from nmt.metrics import bleu_from_statistics, bleu_statistics, percentile_interval
+from nmt.study.resampling import bleu_draws
 
 BASELINE = "none"  # the attention every other model is tested against
-SEED = 12345  # the resampling seed: every system scored on the same items gets the same draws
+SEED = 12345  # the resampling seed (sacrebleu's default SACREBLEU_SEED): systems on the same items share draws
 MIN_SAMPLES = 1000
-ALPHA = 0.05
+ALPHA = Fraction(1, 20)
+LEVEL = 0.95
 
 
 @dataclass
@@ -49,133 +59,145 @@ class Output:
     def of(cls, hypotheses: Sequence[str], references: Sequence[str], words: Sequence[int]) -> Output:
         return cls(list(hypotheses), list(references), list(words), bleu_statistics(hypotheses, references))
 
-    def bleu(self, idx: Sequence[int] | None = None) -> float:
+    def bleu(self, idx: Sequence[int] | np.ndarray | None = None) -> float:
         """Corpus BLEU of the items `idx` (all when None)."""
-        stats = self.stats if idx is None else self.stats[list(idx)]
+        stats = self.stats if idx is None else self.stats[np.asarray(idx, dtype=np.int64)]
         return float(bleu_from_statistics(stats.sum(0)))
 
 
-# ------------------------------------------------------------------------------------------------ draws
-@dataclass
-class Draws:
-    """B bootstrap draws of U units: counts (B, U), each row summing to U."""
-
-    counts: np.ndarray
-
-    @classmethod
-    def of(cls, n_units: int, samples: int, seed: int = SEED) -> Draws:
-        """Units drawn with replacement, as sacrebleu draws sentences (numpy's default_rng(seed).choice)."""
-        rng = np.random.default_rng(seed)
-        idx = rng.choice(n_units, size=(samples, n_units), replace=True)
-        rows = np.arange(samples)[:, None] * n_units
-        counts = np.bincount((idx + rows).ravel(), minlength=samples * n_units).reshape(samples, n_units)
-        return cls(counts.astype(np.float64))
-
-    @property
-    def samples(self) -> int:
-        return self.counts.shape[0]
-
-    def weights(self, units: Sequence[int], sizes: Sequence[int] | None = None) -> np.ndarray:
-        """(B, items): `units[i]` is the unit of base item i (e.g. its caption or chapter); `sizes` splits the
-        base items, in order, into consecutive windows (None: one item each). An item weighs the mean draw
-        count of its base items' units."""
-        base = self.counts[:, np.asarray(units, dtype=np.int64)]  # (B, N)
-        if sizes is None:
-            return base
-        sizes = np.asarray(sizes, dtype=np.int64)
-        if sizes.sum() != base.shape[1]:
-            raise ValueError(f"window sizes sum to {int(sizes.sum())}, not to the {base.shape[1]} base items")
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        return np.add.reduceat(base, starts, axis=1) / sizes
-
-
-def bleu_draws(stats: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Corpus BLEU of every draw: (B,) from (N, 10) statistics and (B, N) weights."""
-    return bleu_from_statistics(weights @ stats)
-
-
-def seed_draws(n_seeds: int, samples: int, seed: int = SEED + 1) -> np.ndarray:
-    """(B, S) how often each of S seeds is drawn in each replicate (with replacement)."""
-    return Draws.of(n_seeds, samples, seed).counts
-
-
-# ------------------------------------------------------------------------------------------------ tests
-def paired_p(system: np.ndarray, baseline: np.ndarray, observed: float) -> float:
-    """sacrebleu's two-sided paired bootstrap p-value from the (B,) resampled BLEU of a system and its
-    baseline on the same draws, and the observed difference (system - baseline on all items).
+# ---------------------------------------------------------------------------------------------- p-values
+def paired_p(system: np.ndarray, baseline: np.ndarray, observed: float) -> Fraction:
+    """sacrebleu's two-sided paired bootstrap p-value, exact, from the (B,) resampled BLEU of a system and
+    its baseline on the same draws and the observed difference (system - baseline on all items).
     An observed difference of exactly 0 is no evidence of a difference: p = 1."""
     if observed == 0:
-        return 1.0
+        return Fraction(1)
     diffs = np.abs(system - baseline)
     count = int(np.sum(diffs - diffs.mean() > abs(observed)))
-    return (count + 1) / (len(diffs) + 1)
+    return Fraction(count + 1, len(diffs) + 1)
 
 
-def combine(deltas: Sequence[float], ps: Sequence[float]) -> dict:
-    """One cell's verdict over its seed pairs: {"delta": mean difference, "deltas", "p_seeds", "p": the
-    largest p (intersection-union), "seeds_agree": every difference has the same, non-zero sign}."""
+def exact_p(p: float | Fraction, samples: int) -> Fraction:
+    """A p-value of B = `samples` resamples as the fraction it is: every p here is an integer over B + 1
+    (Holm's multiples, capped at 1, too), so the nearest such fraction to a float is the p it was."""
+    return p if isinstance(p, Fraction) else Fraction(p).limit_denominator(samples + 1)
+
+
+def p_digits(samples: int) -> int:
+    """Decimals a p-value of B resamples is printed with: floor(log10(B + 1)), in integers."""
+    return len(str(samples + 1)) - 1
+
+
+def format_p(p: float | Fraction | None, samples: int) -> str:
+    """A p-value rounded up to p_digits(B) decimals, computed in integers: never shown lower than it is."""
+    if p is None:
+        return "-"
+    exact, d = exact_p(p, samples), p_digits(samples)
+    scaled = -((-exact.numerator * 10**d) // exact.denominator)  # ceil(p * 10^d)
+    return f"{scaled // 10**d}.{scaled % 10**d:0{d}d}"
+
+
+def combine(deltas: Sequence[float], ps: Sequence[Fraction]) -> dict:
+    """One cell's verdict over its seed pairs: {"delta": mean difference, "deltas", "ci_seeds": the mean
+    difference's t-interval over the seed pairs (None for one), "p_seeds", "p": the largest p
+    (intersection-union), "seeds_agree": every difference has the same, non-zero sign}."""
     agree = all(d > 0 for d in deltas) or all(d < 0 for d in deltas)
     return {
         "delta": round(float(np.mean(deltas)), 2),
         "deltas": [round(float(d), 2) for d in deltas],
+        "ci_seeds": _rounded(t_interval(deltas), 2),
         "p_seeds": [float(p) for p in ps],
         "p": float(max(ps)),
         "seeds_agree": agree,
     }
 
 
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the order given: the i-th smallest p times (m - i), made
-    non-decreasing in that order, capped at 1."""
+def holm(ps: Sequence[Fraction]) -> list[Fraction]:
+    """Holm's step-down adjusted p-values, exact, in the order given: the i-th smallest p times (m - i),
+    made non-decreasing in that order, capped at 1."""
     m = len(ps)
     order = sorted(range(m), key=lambda i: ps[i])
-    adjusted = [0.0] * m
-    running = 0.0
+    adjusted = [Fraction(0)] * m
+    running = Fraction(0)
     for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
+        running = max(running, min(Fraction(1), (m - rank) * ps[i]))
         adjusted[i] = running
     return adjusted
 
 
-def add_holm(cells: Sequence[dict]) -> None:
+def add_holm(cells: Sequence[dict], samples: int) -> None:
     """Give every cell (combine's dict) "p_holm" over the family `cells` and "significant": seeds agree and
-    p_holm < ALPHA (decided on the unrounded values)."""
-    for cell, adjusted in zip(cells, holm([c["p"] for c in cells]), strict=True):
-        cell["p_holm"] = adjusted
-        cell["significant"] = bool(cell["seeds_agree"] and adjusted < ALPHA)
+    p_holm < ALPHA, decided on the exact fractions."""
+    adjusted = holm([exact_p(c["p"], samples) for c in cells])
+    for cell, p in zip(cells, adjusted, strict=True):
+        cell["p_holm"] = float(p)
+        cell["significant"] = bool(cell["seeds_agree"] and p < ALPHA)
 
 
-def format_p(p: float | None, samples: int) -> str:
-    """A p-value at the resolution B resamples allow (1 / (B + 1)): "< 0.001" below it (B = 1000), else
-    truncated, never rounded up across a threshold (0.04995 prints as 0.049)."""
-    if p is None:
-        return "-"
-    digits = max(3, math.ceil(math.log10(samples + 1)) - 1)  # 3 for B = 1000 (p >= 1/1001), 4 for 10,000
-    floor = 10.0**-digits
-    if p < floor:
-        return f"< {floor:.{digits}f}"
-    return f"{math.floor(p / floor) * floor:.{digits}f}"
+# ------------------------------------------------------------------------------------------- the seeds
+def _t_two_sided(x: float, df: int) -> float:
+    """P(|T| <= x) for Student's t with integer `df` (Abramowitz & Stegun 26.7.3, exact finite series)."""
+    theta = math.atan(x / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 c^2 + 2*4/(3*5) c^4 + ... up to c^(df-3)))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for j in range(1, (df - 1) // 2):
+            term *= 2 * j / (2 * j + 1) * c2
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(df-2))
+    for j in range(1, df // 2):
+        term *= (2 * j - 1) / (2 * j) * c2
+        total += term
+    return math.sin(theta) * total
 
 
-# ---------------------------------------------------------------------------------------- seed cells
-def seed_interval(per_seed_draws: np.ndarray, seeds: np.ndarray | None) -> tuple[float, float]:
-    """95% interval of the seeds' mean from (B, S) per-seed draws, the seeds resampled by `seeds` (B, S)
-    counts (None: not resampled, e.g. one seed)."""
-    S = per_seed_draws.shape[1]
-    values = per_seed_draws.mean(1) if seeds is None else (per_seed_draws * seeds).sum(1) / S
-    return percentile_interval(values)
+@lru_cache(maxsize=64)
+def t_quantile(df: int, level: float = LEVEL) -> float:
+    """The x with P(|T| <= x) = level for Student's t on `df` degrees of freedom (e.g. 4.303 for df 2)."""
+    if df < 1:
+        raise ValueError(f"t quantile: {df} degrees of freedom; need at least 1")
+    low, high = 0.0, 1.0
+    while _t_two_sided(high, df) < level:
+        low, high = high, 2 * high
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_two_sided(mid, df) < level else (low, mid)
+    return (low + high) / 2
 
 
-def seed_cell(outputs: Sequence[Output], weights: np.ndarray, seeds: np.ndarray | None) -> dict:
-    """A model's BLEU on one set, one Output per seed: {"bleu": the seeds' mean, "low", "high": 95% interval
-    over the draws (`weights`) and the seeds, "seed_bleu": per seed} (2 decimals)."""
+def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
+    """The mean's t-interval over independent values (seeds): mean +- t(n - 1) sd / sqrt(n); None for one."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) < 2:
+        return None
+    half = t_quantile(len(v) - 1, level) * float(v.std(ddof=1)) / math.sqrt(len(v))
+    return float(v.mean()) - half, float(v.mean()) + half
+
+
+def _rounded(interval: tuple[float, float] | None, digits: int) -> list[float] | None:
+    return None if interval is None else [round(interval[0], digits), round(interval[1], digits)]
+
+
+# -------------------------------------------------------------------------------------------- the cells
+def seed_cell(outputs: Sequence[Output], weights: np.ndarray) -> dict:
+    """A model's BLEU on one set, one Output per seed: {"bleu": the seeds' mean, "seeds", "seed_bleu",
+    "ci_seeds": t-interval over the seeds (None for one), "ci_test": the seed mean's percentile interval over
+    the draws `weights`, "low"/"high": the row's interval (ci_seeds, or ci_test for one seed), "interval":
+    which} (2 decimals)."""
     per_seed = [o.bleu() for o in outputs]
-    low, high = seed_interval(np.stack([bleu_draws(o.stats, weights) for o in outputs], 1), seeds)
+    over_seeds = t_interval(per_seed)
+    over_test = percentile_interval(np.mean([bleu_draws(o.stats, weights) for o in outputs], 0))
+    low, high = over_seeds or over_test
     return {
         "bleu": round(float(np.mean(per_seed)), 2),
+        "seeds": len(outputs),
+        "seed_bleu": [round(b, 2) for b in per_seed],
+        "ci_seeds": _rounded(over_seeds, 2),
+        "ci_test": _rounded(over_test, 2),
         "low": round(low, 2),
         "high": round(high, 2),
-        "seed_bleu": [round(b, 2) for b in per_seed],
+        "interval": "seeds" if over_seeds else "test",
     }
 
 
@@ -187,33 +209,41 @@ def paired_cell(pairs: Sequence[tuple[Output, Output]], weights: np.ndarray) -> 
         same = system.hypotheses == baseline.hypotheses
         deltas.append(observed)
         ps.append(
-            1.0 if same else paired_p(bleu_draws(system.stats, weights), bleu_draws(baseline.stats, weights), observed)
+            Fraction(1)
+            if same
+            else paired_p(bleu_draws(system.stats, weights), bleu_draws(baseline.stats, weights), observed)
         )
     return combine(deltas, ps)
 
 
+Blocks = tuple[np.ndarray, np.ndarray, np.ndarray]  # (k=1 items, their weights, k=K weights): block_weights
+
+
+def ratio(short_long: tuple[Output, Output], items: np.ndarray) -> float:
+    """BLEU(k=K) / BLEU(k=1) on the same captions: the k=1 `items` that the windows of K hold."""
+    return short_long[1].bleu() / short_long[0].bleu(items)
+
+
 def interaction(
-    system: Sequence[tuple[Output, Output]],
-    baseline: Sequence[tuple[Output, Output]],
-    weights: tuple[np.ndarray, np.ndarray],
-    seeds: np.ndarray | None,
+    system: Sequence[tuple[Output, Output]], baseline: Sequence[tuple[Output, Output]], blocks: Blocks
 ) -> dict:
-    """How much better a system holds its BLEU over length than the baseline: per seed, its ratio
-    BLEU(k=K) / BLEU(k=1) minus the baseline's ratio (same seed), averaged over seeds; with a 95% interval
-    that resamples the units (`weights` for k=1 and k=K, from one draw) and the seeds (`seeds`, (B, S),
-    shared by both models: the seeds are paired). `system`, `baseline`: per seed (Output at k=1, at k=K)."""
+    """How much better a system holds its BLEU over length than the baseline: per seed, its ratio (k=K over
+    k=1, `ratio`) minus the baseline's (same seed), averaged over seeds; a t-interval over the seeds'
+    differences ("ci_seeds", None for one seed) and a percentile interval over draws of the test set's blocks
+    of K captions, k=1 and k=K drawn together ("ci_test"). `system`, `baseline`: per seed (k=1, k=K)."""
+    items, w1, w_k = blocks
 
     def ratios(outs: Sequence[tuple[Output, Output]]) -> tuple[np.ndarray, np.ndarray]:
-        point = np.array([short_long[1].bleu() / short_long[0].bleu() for short_long in outs])
-        draws = np.stack([bleu_draws(b.stats, weights[1]) / bleu_draws(a.stats, weights[0]) for a, b in outs], 1)
-        return point, draws
+        point = np.array([ratio(o, items) for o in outs])
+        draws = np.stack([bleu_draws(b.stats, w_k) / bleu_draws(a.stats[items], w1) for a, b in outs], 1)
+        return point, draws  # (S,), (B, S)
 
     (sys_point, sys_draws), (base_point, base_draws) = ratios(system), ratios(baseline)
-    diff_draws = sys_draws - base_draws  # (B, S)
-    low, high = seed_interval(diff_draws, seeds)
+    per_seed = sys_point - base_point
     return {
-        "difference": round(float(np.mean(sys_point - base_point)), 3),
-        "per_seed": [round(float(d), 3) for d in sys_point - base_point],
-        "ci95": [round(low, 3), round(high, 3)],
+        "difference": round(float(np.mean(per_seed)), 3),
+        "per_seed": [round(float(d), 3) for d in per_seed],
+        "ci_seeds": _rounded(t_interval(per_seed), 3),
+        "ci_test": _rounded(percentile_interval((sys_draws - base_draws).mean(1)), 3),
         "seeds": len(system),
     }
