@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead, tokenizer_fingerprints
 from nmt.device import precision_choice, provenance
@@ -42,7 +42,7 @@ from nmt.kernels.compiled import choose_kernels, set_kernels
 from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
-from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds
+from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds, resumable
 from nmt.tokenizer import Tokenizer
 from nmt.validation import evaluate_split
 
@@ -70,6 +70,9 @@ class TrainerConfig:
     resume: str | None = None
     # refuse | allow: resume although the run differs in a setting exactness depends on (nmt.resume; then recorded)
     resume_changes: ResumeChanges = ResumeChanges.refuse
+    # a corrupt checkpoint to resume from (cut off, or not matching its digest): false refuses it, true resumes from
+    # the newest intact checkpoint beside it (best.pt for last.pt), saying so
+    resume_fallback: bool = False
     # nmt-train: start afresh in a run directory that holds checkpoints (deleting them) instead of refusing to
     overwrite: bool = False
     heatmaps: int = 3  # validation sentences drawn to TensorBoard at every validation
@@ -285,7 +288,7 @@ class Trainer:
     def restore(self, path: str | Path) -> None:
         """Continue from checkpoint `path`: refused (a CheckpointError naming every difference) when this run
         differs from the one that wrote it in a way that breaks exactness, unless trainer.resume_changes=allow."""
-        data = load_checkpoint(path)
+        path, data = resumable(path, self.cfg.resume_fallback)  # verified; trainer.resume_fallback: maybe another
         prepared = self._encoded_with_tokenizer_of(data)
         ours = self.data.tokenizer  # the facts of this run as it was asked for: the tokenizer on disk
         now = {**self.facts(prepared), **tokenizer_fingerprints(ours.src_model, ours.tgt_model)}
