@@ -10,6 +10,7 @@ written before digests existed loads unchecked (a log line says so).
 
     save_checkpoint(path, payload)
     payload = load_checkpoint(path)           # CheckpointError with a clear message on any problem
+    copy_checkpoint(path, other)              # the same bytes under another name, atomically (best.pt)
 
 This module only reads and writes the file: it sits below the model and imports none of it (a contract in
 pyproject.toml). Building the model and tokenizer a payload describes is nmt.restore.model_from_checkpoint.
@@ -23,6 +24,7 @@ import hashlib
 import logging
 import os
 import pickle
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,6 +52,13 @@ def save_checkpoint(path: str | Path, payload: dict) -> None:
     data.pop("digest", None)  # a payload read from a checkpoint: its digest is computed afresh
     data["digest"] = digest(data)
     _write(path, lambda f: torch.save(data, f))
+
+
+def copy_checkpoint(source: str | Path, path: str | Path) -> None:
+    """Copy checkpoint file `source` to `path` as save_checkpoint writes one: atomically, the previous file at
+    `path` intact until the copy is whole (best.pt from last.pt: the same bytes, not serialised again)."""
+    with open(source, "rb") as src:
+        _write(Path(path), lambda f: shutil.copyfileobj(src, f, 1 << 20))
 
 
 def _write(path: Path, write) -> None:
@@ -190,3 +199,14 @@ def verify(path: Path, data: dict) -> None:
             "or in a copy)",
             _COPY,
         )
+
+
+def peek_checkpoint(path: str | Path) -> dict | None:
+    """Checkpoint `path`'s values without reading its tensors' bytes or checking its digest (a quick look, e.g.
+    at its step); None where it is missing or unreadable."""
+    try:
+        with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing, cut off, foreign: whoever reads it for real says what is wrong
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None

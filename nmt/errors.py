@@ -35,6 +35,10 @@ class CorruptCheckpoint(CheckpointError):
         self.what = what
 
 
+class RunDirError(NMTError):
+    """A run directory that another trainer holds, or that cannot be written."""
+
+
 class ConfigError(NMTError, ValueError):
     """A configuration value is unknown or of the wrong type (a ValueError too, for library callers)."""
 
