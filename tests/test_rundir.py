@@ -4,7 +4,7 @@ consistent with metrics.json whenever a kill falls, and every failed write one l
 The run is tiny (the quick preset on 300 pairs, best by validation loss so that each validation improves), trained
 in this process; the commands run in subprocesses as a user runs them. Read-only folders and full disks are real: a
 read-only bind mount or a small tmpfs in a user and mount namespace of their own (unshare), skipped where the kernel
-allows none.
+allows none. (Kills at random instants of whole runs: scripts/kill_resume.py.)
 """
 
 from __future__ import annotations
