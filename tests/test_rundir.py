@@ -182,8 +182,8 @@ def read_only(path: Path) -> str:
 WRITES = {  # what fails -> (the mounts, the path the error names, what it says)
     "read-only run directory": (lambda r: read_only(r), lambda r: r, "Read-only file system; make it writable"),
     "read-only checkpoints": (lambda r: read_only(r / "checkpoints"), lambda r: r / "checkpoints", "make it writable"),
-    "tensorboard's disk full": (
-        lambda r: f"mount -t tmpfs -o size=8k tmpfs {r / 'tensorboard'}",
+    "a full disk under train.log and tensorboard/": (
+        lambda r: f"ln -s /dev/full {r / 'train.log'} && mount -t tmpfs -o size=8k tmpfs {r / 'tensorboard'}",
         lambda r: r / "tensorboard",
         "could not write TensorBoard's events: No space left on device; free disk space",
     ),
@@ -193,8 +193,9 @@ WRITES = {  # what fails -> (the mounts, the path the error names, what it says)
 @pytest.mark.skipif(not namespaces_work(), reason="no user and mount namespaces here (unshare) for read-only mounts")
 def test_every_failed_write_is_one_line_naming_the_path_and_the_fix(run, data_dir):
     """A read-only run directory (before: Hydra's "Unable to configure handler 'file'"), a read-only checkpoints
-    folder (before: found at the first save, with the fix for a full disk), TensorBoard's writer on a full disk
-    (before: OSError from add_figure): one line each, the checkpoints untouched."""
+    folder (before: found at the first save, with the fix for a full disk), a full disk under train.log (before: a
+    "Logging error" traceback at every line) and TensorBoard's writer (before: OSError from add_figure): one line
+    each, the checkpoints untouched."""
     before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     with ThreadPoolExecutor(len(WRITES)) as pool:  # each in its own copy of the run
         copies = {name: Path(shutil.copytree(run, run.parent / f"run{i}")) for i, name in enumerate(WRITES)}

@@ -177,6 +177,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     OmegaConf.set_readonly(cfg, True)
+    logging.raiseExceptions = False  # a log line train.log cannot take (a full disk) is dropped, not a traceback;
+    # the run's next write (TensorBoard, a checkpoint) then says what is wrong, in one line (nmt.rundir)
     with user_errors():
         train(cfg, Path(HydraConfig.get().runtime.output_dir))
 
