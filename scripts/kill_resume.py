@@ -1,6 +1,6 @@
 """Kill -9 a quick training run at N random instants and check that nothing is lost (issue 51's floor).
 
-    python scripts/kill_resume.py                            # 200 kills (about an hour and a half on 2 busy cores)
+    python scripts/kill_resume.py                            # 200 kills (about 45 minutes on 2 busy cores)
     python scripts/kill_resume.py --kills 20 --work /tmp/kills
     python scripts/kill_resume.py --kills 20 -- trainer.max_steps=100   # more overrides for both runs
 
