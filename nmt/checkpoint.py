@@ -3,10 +3,14 @@
 A checkpoint holds plain tensors and primitives only: model weights, the model config, the resolved
 run config, both SentencePiece models (bytes), step/epoch/sampler position, optimizer, scheduler and
 RNG states. It is written to a temporary file and renamed, so a kill during a save never leaves a broken
-file, and read with `torch.load(weights_only=True)`, so nothing in it is ever executed.
+file, and read with `torch.load(weights_only=True)`, so nothing in it is ever executed. It carries a sha256
+digest of its contents (`digest`: every value in order, tensors by dtype, shape and bytes), checked on every
+load: torch does not check the zip's CRCs, so flipped bytes would otherwise load silently. A checkpoint
+written before digests existed loads unchecked (a log line says so).
 
     save_checkpoint(path, payload)
     payload = load_checkpoint(path)           # CheckpointError with a clear message on any problem
+    copy_checkpoint(path, other)              # the same bytes under another name, atomically (best.pt)
 
 This module only reads and writes the file: it sits below the model and imports none of it (a contract in
 pyproject.toml). Building the model and tokenizer a payload describes is nmt.restore.model_from_checkpoint.
@@ -16,14 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
+import logging
 import os
 import pickle
+import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from nmt.atomic import atomic_path
-from nmt.errors import CheckpointError, first_line
+from nmt.errors import CheckpointError, CorruptCheckpoint, first_line, write_failure
+
+log = logging.getLogger(__name__)
 
 FORMAT = "nmt-checkpoint"
 FORMAT_VERSION = 1
@@ -32,36 +42,73 @@ MODEL_VERSION = 1  # bumped when a checkpoint's weights stop fitting the model's
 
 
 def save_checkpoint(path: str | Path, payload: dict) -> None:
-    """Write `payload` (plus format markers) to `path` atomically: temp file, fsync, rename.
+    """Write `payload` (plus format markers and its digest) to `path` atomically: temp file, fsync, rename.
 
     A process killed during the write leaves the previous file at `path` untouched and a temporary
     `.<name>.tmp<pid>` next to it, which the next successful save of `path` removes.
     """
     path = Path(path)
     data = {"format": FORMAT, "format_version": FORMAT_VERSION, "model_version": MODEL_VERSION, **payload}
+    data.pop("digest", None)  # a payload read from a checkpoint: its digest is computed afresh
+    data["digest"] = digest(data)
+    _write(path, lambda f: torch.save(data, f))
+
+
+def copy_checkpoint(source: str | Path, path: str | Path) -> None:
+    """Copy checkpoint file `source` to `path` as save_checkpoint writes one: atomically, the previous file at
+    `path` intact until the copy is whole (best.pt from last.pt: the same bytes, not serialised again)."""
+    with open(source, "rb") as src:
+        _write(Path(path), lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+
+def _write(path: Path, write) -> None:
+    """Write `path` through `write(file)` into a temporary file, fsync it and rename it onto `path`."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            torch.save(data, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
     except (OSError, RuntimeError) as e:  # torch.save turns a failed write into a RuntimeError on closing
         kept = " (the previous checkpoint there is intact)" if path.is_file() else ""
-        raise CheckpointError(
-            f"{path}: could not write the checkpoint: {_write_error(e)}{kept}; "
-            "free disk space or choose another run directory with hydra.run.dir=..."
-        ) from None
+        reason, fix = write_failure(e)
+        raise CheckpointError(f"{path}: could not write the checkpoint: {reason}{kept}; {fix}") from None
     _remove_stale_temporaries(path)
 
 
-def _write_error(e: BaseException) -> str:
-    """The OSError behind a failed save (e.g. "No space left on device"), else the error's first line."""
-    seen = e
-    while seen is not None:
-        if isinstance(seen, OSError):
-            return seen.strerror or str(seen)
-        seen = seen.__cause__ or seen.__context__
-    return first_line(e)
+def digest(payload: Mapping) -> str:
+    """The sha256 of `payload`, "sha256:<hex>": every key and value in order, tensors by dtype, shape and bytes (a
+    multi30k-sized checkpoint's 161 MB in 0.19-0.44 s on the 2-core Intel Xeon, idle to busy: sha256's own speed)."""
+    h = hashlib.sha256()
+    _feed(h, payload)
+    return f"sha256:{h.hexdigest()}"
+
+
+def _feed(h, value: object) -> None:
+    """Add `value` to hash `h`, each kind with its own tag and length, so that no two values feed the same bytes."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"t{t.dtype}{tuple(t.shape)}:".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, whatever the dtype
+    elif isinstance(value, Mapping):
+        h.update(b"d%d:" % len(value))
+        for key, item in value.items():
+            _feed(h, key)
+            _feed(h, item)
+    elif isinstance(value, list | tuple):
+        h.update(b"l%d:" % len(value))
+        for item in value:
+            _feed(h, item)
+    elif isinstance(value, str):
+        raw = value.encode("utf-8", "surrogatepass")
+        h.update(b"s%d:" % len(raw) + raw)
+    elif isinstance(value, bytes | bytearray):
+        h.update(b"b%d:" % len(value) + bytes(value))
+    elif value is None or isinstance(value, bool | int | float | complex | torch.dtype | torch.device):
+        raw = repr(value).encode()
+        h.update(b"v%d:" % len(raw) + raw)
+    else:  # a set (no order), an arbitrary object (weights_only loading would refuse it anyway)
+        raise TypeError(f"a checkpoint holds tensors and plain values only, not {type(value).__name__}")
 
 
 def _remove_stale_temporaries(path: Path) -> None:
@@ -84,6 +131,7 @@ def _running(pid: int) -> bool:
 
 
 _ANOTHER = "use another checkpoint, e.g. checkpoints/best.pt or checkpoints/last.pt of the run"
+_COPY = f"copy it again, or {_ANOTHER}"
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -105,7 +153,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path}: cannot be read ({e.strerror or e}); check the path and its permissions"
         ) from None
     if not magic:
-        raise CheckpointError(f"{path}: empty file (0 bytes), not a checkpoint; {_ANOTHER}")
+        raise CorruptCheckpoint(f"{path}: empty file (0 bytes), not a checkpoint", _ANOTHER)
     if magic != ZIP_MAGIC:  # torch.save writes a zip archive; nothing else is even unpickled
         raise CheckpointError(
             f"{path}: not an nmt checkpoint (not a file written by torch.save); pass a checkpoint written by nmt-train"
@@ -121,9 +169,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         ) from None
     except Exception as e:  # torch reports a cut-off zip in many ways (RuntimeError, OSError, EOFError, ...)
         detail = f"{type(e).__name__}: {first_line(e).split('. ')[0][:100]}" if str(e) else type(e).__name__
-        raise CheckpointError(
-            f"{path}: truncated or corrupt checkpoint ({detail}); copy it again, or {_ANOTHER}"
-        ) from None
+        raise CorruptCheckpoint(f"{path}: truncated or corrupt checkpoint ({detail})", _COPY) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint; pass a checkpoint written by nmt-train")
     if data.get("model_version") != MODEL_VERSION:
@@ -136,4 +182,31 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path}: written by an incompatible version (checkpoint format {data.get('format_version')}, "
             f"this reads {FORMAT_VERSION}); evaluate it with the nmt version that trained it, or retrain"
         )
+    verify(path, data)
     return data
+
+
+def verify(path: Path, data: dict) -> None:
+    """Check checkpoint `data` (read from `path`) against the digest written with it, and drop the digest; a
+    checkpoint without one (written before digests existed) passes unchecked, with a log line."""
+    expected = data.pop("digest", None)
+    if expected is None:
+        log.info("%s: written before checkpoints carried a digest; its contents are not verified", path)
+        return
+    if digest(data) != expected:
+        raise CorruptCheckpoint(
+            f"{path}: corrupt checkpoint (its contents do not match the digest written with it: changed on disk "
+            "or in a copy)",
+            _COPY,
+        )
+
+
+def peek_checkpoint(path: str | Path) -> dict | None:
+    """Checkpoint `path`'s values without reading its tensors' bytes or checking its digest (a quick look, e.g.
+    at its step); None where it is missing or unreadable."""
+    try:
+        with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # missing, cut off, foreign: whoever reads it for real says what is wrong
+        return None
+    return data if isinstance(data, dict) and data.get("format") == FORMAT else None

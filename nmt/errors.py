@@ -7,6 +7,7 @@ points print such an error as one line and exit with status 2, without a traceba
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -25,6 +26,19 @@ class CheckpointError(NMTError):
     """A checkpoint is missing, truncated, foreign or incompatible."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint whose bytes are damaged: cut off, or not those its digest was computed from.
+    `what` is "<path>: <the problem>", the message without the fix."""
+
+    def __init__(self, what: str, fix: str):
+        super().__init__(f"{what}; {fix}")
+        self.what = what
+
+
+class RunDirError(NMTError):
+    """A run directory that another trainer holds, or that cannot be written."""
+
+
 class ConfigError(NMTError, ValueError):
     """A configuration value is unknown or of the wrong type (a ValueError too, for library callers)."""
 
@@ -34,6 +48,20 @@ def first_line(e: BaseException) -> str:
     that quote a library's error in one line."""
     text = str(e).strip()
     return text.splitlines()[0][:160] if text else type(e).__name__
+
+
+def write_failure(e: BaseException) -> tuple[str, str]:
+    """(why a write failed, what to do): the OSError behind `e` ("No space left on device", "Read-only file
+    system", ...) and the fix for it, else `e`'s first line; for the files of a run directory."""
+    seen: BaseException | None = e
+    while seen is not None and not isinstance(seen, OSError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return first_line(e), "free disk space or choose another run directory with hydra.run.dir=..."
+    reason = seen.strerror or str(seen)
+    if seen.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return reason, "make it writable, or choose another run directory with hydra.run.dir=..."
+    return reason, "free disk space or choose another run directory with hydra.run.dir=..."
 
 
 @contextmanager

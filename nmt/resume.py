@@ -17,6 +17,11 @@ with this run's, and sorts every difference into one of three kinds:
     changes = compare(saved_facts, facts_now)
     check(changes, allow, "run/checkpoints/last.pt")   # a CheckpointError naming every change, in one message
 
+A corrupt checkpoint (cut off, or not matching its digest: nmt.checkpoint) is refused; with
+trainer.resume_fallback=true the run resumes from the newest intact checkpoint beside it instead, and says so:
+
+    path, payload = resumable("run/checkpoints/last.pt", fallback)
+
 A key recorded on one side only (a checkpoint of an older or newer nmt) is not compared. A run resumed on a
 different number of processes cannot give each rank its saved random state: every rank is seeded afresh
 (rank_seeds), and the seeds are recorded.
@@ -25,12 +30,16 @@ different number of processes cannot give each rank its saved random state: ever
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from nmt.errors import CheckpointError
+from nmt.checkpoint import load_checkpoint
+from nmt.errors import CheckpointError, CorruptCheckpoint
+
+log = logging.getLogger(__name__)
 
 
 class Kind(Enum):
@@ -54,6 +63,7 @@ HARMLESS = (
     # how the run is resumed (trainer.resume, where from, is not a fact: the checkpoint's `resumes` list it)
     "trainer.resume",
     "trainer.resume_changes",
+    "trainer.resume_fallback",
     "trainer.overwrite",
     # what is logged and how often validation runs
     "trainer.log_every",
@@ -175,3 +185,34 @@ def last_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint trainer.resume=auto continues from: `run_dir`/checkpoints/last.pt, where it exists."""
     last = Path(run_dir) / "checkpoints" / "last.pt"
     return last if last.is_file() else None
+
+
+def resumable(path: str | Path, fallback: bool) -> tuple[Path, dict]:
+    """(the checkpoint to resume from, its payload): `path`, read and verified. A corrupt one (cut off, or not
+    matching its digest) is refused, a CheckpointError naming it; with `fallback` (trainer.resume_fallback) the
+    newest intact checkpoint beside it (the most steps) is read instead, with a warning."""
+    path = Path(path)
+    try:
+        return path, load_checkpoint(path)
+    except CorruptCheckpoint as e:
+        if not fallback:
+            raise CorruptCheckpoint(
+                e.what,
+                "copy it again, or resume from the newest intact checkpoint beside it with "
+                "trainer.resume_fallback=true",
+            ) from None
+        problem = e.what
+    intact = []
+    for other in sorted(path.parent.glob("*.pt")):
+        if other.name != path.name:
+            try:
+                intact.append((other, load_checkpoint(other)))
+            except CheckpointError as e:
+                log.warning("not resuming from %s either: %s", other, e)
+    if not intact:
+        raise CorruptCheckpoint(problem, "no intact checkpoint beside it either: start afresh in a new run directory")
+    other, data = max(intact, key=lambda found: found[1].get("step", -1))
+    log.warning(
+        "%s; resuming from %s (step %s) instead, as trainer.resume_fallback=true asks", problem, other, data.get("step")
+    )
+    return other, data

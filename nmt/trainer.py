@@ -17,7 +17,6 @@ trains on its share of each global batch; all ranks validate (identically) and o
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -30,10 +29,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
 from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead, tokenizer_fingerprints
 from nmt.device import precision_choice, provenance
@@ -42,7 +40,8 @@ from nmt.kernels.compiled import choose_kernels, set_kernels
 from nmt.loss import loss_rows, token_loss
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
-from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds
+from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds, resumable
+from nmt.rundir import TensorBoard, keep_best, write_summary, write_text
 from nmt.tokenizer import Tokenizer
 from nmt.validation import evaluate_split
 
@@ -70,6 +69,9 @@ class TrainerConfig:
     resume: str | None = None
     # refuse | allow: resume although the run differs in a setting exactness depends on (nmt.resume; then recorded)
     resume_changes: ResumeChanges = ResumeChanges.refuse
+    # a corrupt checkpoint to resume from (cut off, or not matching its digest): false refuses it, true resumes from
+    # the newest intact checkpoint beside it (best.pt for last.pt), saying so
+    resume_fallback: bool = False
     # nmt-train: start afresh in a run directory that holds checkpoints (deleting them) instead of refusing to
     overwrite: bool = False
     heatmaps: int = 3  # validation sentences drawn to TensorBoard at every validation
@@ -269,8 +271,9 @@ class Trainer:
             "resumed_with_changes": self.resumed_with_changes,
         }
 
-    def save(self, name: str) -> Path | None:
-        """Write checkpoints/<name> from rank 0; under DDP every rank calls this (it gathers RNG states)."""
+    def save(self, name: str, best: bool = False) -> Path | None:
+        """Write checkpoints/<name> from rank 0, and with `best` copy it to best.pt after (nmt.rundir: the order
+        a kill at any instant leaves repairable); under DDP every rank calls this (it gathers RNG states)."""
         state = self.state()
         if self.world_size > 1:  # each rank drew its own dropout masks: keep every rank's generator
             ranks: list = [None] * self.world_size
@@ -280,12 +283,14 @@ class Trainer:
             return None
         path = self.ckpt_dir / name
         save_checkpoint(path, state)
+        if best:
+            keep_best(self.run_dir)
         return path
 
     def restore(self, path: str | Path) -> None:
         """Continue from checkpoint `path`: refused (a CheckpointError naming every difference) when this run
         differs from the one that wrote it in a way that breaks exactness, unless trainer.resume_changes=allow."""
-        data = load_checkpoint(path)
+        path, data = resumable(path, self.cfg.resume_fallback)  # verified; trainer.resume_fallback: maybe another
         prepared = self._encoded_with_tokenizer_of(data)
         ours = self.data.tokenizer  # the facts of this run as it was asked for: the tokenizer on disk
         now = {**self.facts(prepared), **tokenizer_fingerprints(ours.src_model, ours.tgt_model)}
@@ -390,7 +395,7 @@ class Trainer:
         if resume:
             self.restore(resume)
         if self.is_main:
-            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self.writer = TensorBoard(self.run_dir / "tensorboard")
             if self._resume_changes:
                 self.writer.add_text("resume", self._resume_text(), self.step)
         handlers = self._install_signal_handlers()
@@ -663,9 +668,7 @@ class Trainer:
             self.bad_validations += 1
         if self.is_main:
             self._report_validation(entry, metrics)
-        self.save("last.pt")
-        if improved:
-            self.save("best.pt")
+        self.save("last.pt", best=improved)
         return bool(self.cfg.patience) and self.bad_validations >= self.cfg.patience
 
     def _report_validation(self, entry: dict, metrics: dict) -> None:
@@ -688,9 +691,7 @@ class Trainer:
             self.writer.add_figure(f"attention/valid_{i}", fig, step)
         for i, fig in enumerate(metrics.get("self_figures", [])):  # model.self_attention_layers > 0
             self.writer.add_figure(f"self_attention/valid_{i}", fig, step)
-        out = self.run_dir / "valid"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"step_{step:07d}.hyp").write_text("".join(h + "\n" for h in metrics["hypotheses"]), encoding="utf-8")
+        write_text(self.run_dir / "valid" / f"step_{step:07d}.hyp", "".join(h + "\n" for h in metrics["hypotheses"]))
         self.writer.flush()
 
     def _finish(self, reason: str) -> dict:
@@ -713,5 +714,5 @@ class Trainer:
             "parameters": self.module.num_parameters(),
         }
         if self.is_main:
-            (self.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+            write_summary(self.run_dir, summary)
         return summary

@@ -109,7 +109,12 @@ def checkpoint_variants(last: Path, root: Path) -> None:
     write_bytes(root / "truncated.pt", good[: len(good) // 2])
     write_bytes(root / "empty.pt", b"")
     write_bytes(root / "notes.pt", b"these are my notes, not a checkpoint\n")
+    middle = len(good) // 2  # 3 bytes flipped there (in the weights): torch.load alone would read them silently
+    write_bytes(
+        root / "flipped.pt", good[:middle] + bytes(b ^ 0xFF for b in good[middle : middle + 3]) + good[middle + 3 :]
+    )
     payload = torch.load(last, weights_only=True)
+    del payload["digest"]  # the edited copies below: files of another writer, with no digest to contradict them
     torch.save({**payload, "model_version": 99}, root / "future.pt")
     weights = dict(payload["model"])
     del weights["decoder.attention.key_proj.weight"]
@@ -367,6 +372,12 @@ MATRIX = [
         ("nmt-translate", "{root}/truncated.pt", "hallo"),
         2,
         ("{root}/truncated.pt: truncated or corrupt checkpoint", "use another checkpoint"),
+    ),
+    Case(
+        "flipped-bytes-checkpoint",
+        ("nmt-translate", "{root}/flipped.pt", "hallo"),
+        2,
+        ("{root}/flipped.pt: corrupt checkpoint (its contents do not match the digest written with it", "copy it"),
     ),
     Case(
         "not-a-checkpoint",

@@ -11,7 +11,8 @@ checkpoints/{last,best}.pt, valid/*.hyp and metrics.json. Running again in the s
 (trainer.resume=auto, the default), or with trainer.resume=<run dir or checkpoint>, continues where the last
 checkpoint left off, exactly or not at all (nmt.resume; trainer.resume_changes=allow goes on anyway, recorded).
 A run directory that holds checkpoints is never overwritten by a fresh run, or by another run resumed there,
-unless trainer.overwrite=true.
+unless trainer.overwrite=true. One trainer at a time holds a run directory (nmt.rundir.claim: a lock naming its
+pid, taken before Hydra writes there by nmt.cli.callbacks); at start it repairs what a killed run left (rundir.tidy).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from nmt.cli.common import CONFIG_DIR, build_model_config, build_run, load_data,
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
 from nmt.resume import last_checkpoint
+from nmt.rundir import claim, tidy
 
 log = logging.getLogger("nmt.train")
 
@@ -129,6 +131,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(local_rank)
     run_dir = shared_run_dir(run_dir, rank, world)
+    if rank == 0:
+        claim(run_dir)  # held until this process exits (a no-op where nmt.cli.callbacks claimed it first)
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     if tcfg.threads:
@@ -141,6 +145,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     resume, stale = resume_plan(tcfg.resume, run_dir, tcfg.overwrite)
     if rank == 0:
         delete(stale)
+        tidy(run_dir)
     trainer = build_run(cfg, run_dir, device, data, resume, rank, world)
     mcfg = trainer.module.config
     log.info("corpus %s: %s", data.corpus.name, ", ".join(f"{k} {len(v):,}" for k, v in data.encoded.items()))
@@ -172,6 +177,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     OmegaConf.set_readonly(cfg, True)
+    logging.raiseExceptions = False  # a log line train.log cannot take (a full disk) is dropped, not a traceback;
+    # the run's next write (TensorBoard, a checkpoint) then says what is wrong, in one line (nmt.rundir)
     with user_errors():
         train(cfg, Path(HydraConfig.get().runtime.output_dir))
 
