@@ -41,9 +41,10 @@ with warnings.catch_warnings():  # Starlette 1.10 prefers httpx2, which needs Py
     from starlette.testclient import TestClient
 
 from nmt.cli.serve import bind, is_loopback
-from nmt.serve.app import HEADERS, create_app, host_allowed, parse_form
+from nmt.serve.app import create_app, parse_form
 from nmt.serve.connections import ConnectionLimits, make_server
 from nmt.serve.examples import Examples, find_examples
+from nmt.serve.guard import HEADERS, host_allowed
 from nmt.serve.models import Limits, load_models, translate_all
 
 BIN = Path(sys.executable).parent
@@ -253,14 +254,14 @@ def test_a_failing_model_is_a_500_that_names_a_logged_id_and_the_server_goes_on(
         raise RuntimeError("secret detail boom")
 
     monkeypatch.setattr(loaded[0][1], "translate", broken)
-    with caplog.at_level(logging.ERROR, logger="nmt.serve.app"):
+    with caplog.at_level(logging.ERROR, logger="nmt.serve.guard"):
         r = post(client, json.dumps({"text": SENTENCE}))
         page = client.post("/", data={"text": SENTENCE, "beam": "1"})
     assert r.status_code == 500 and page.status_code == 500
     for said in (r.json()["error"], page.text):
         assert "secret" not in said and "RuntimeError" not in said
     ids = [re.search(r"internal error \(id ([0-9a-f]{8})\)", said).group(1) for said in (r.json()["error"], page.text)]
-    logged = [rec for rec in caplog.records if rec.name == "nmt.serve.app"]
+    logged = [rec for rec in caplog.records if rec.name == "nmt.serve.guard"]
     assert [rec.getMessage() for rec in logged] == [
         f"internal error {ids[0]} in POST /translate",
         f"internal error {ids[1]} in POST /",
@@ -744,7 +745,7 @@ def test_every_refusal_is_json_with_the_security_headers(loaded, monkeypatch, ca
         assert 0.3 < raw_refusal(port, post % 40 + b'{"text": ', 408, "longer than 0.5 s") < 1.3
         # 500: an id, logged with the traceback; never the exception's text
         monkeypatch.setattr(loaded[0][0], "translate", lambda *a: 1 / 0)
-        with caplog.at_level(logging.ERROR, logger="nmt.serve.app"):
+        with caplog.at_level(logging.ERROR, logger="nmt.serve.guard"):
             r = httpx.post(url + "translate", json={"text": SENTENCE})
         assert_refusal(r.status_code, r.headers, r.text, 500, "internal error (id ")
         assert "division" not in r.text and "ZeroDivisionError" not in r.text

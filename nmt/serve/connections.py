@@ -14,9 +14,9 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
   - a connection cap: past max_connections open connections, the longest-idle one without a request in
     progress is closed to make room (only if every one has a request in progress is the newcomer refused, 503);
   - a write deadline: a reply the client does not read for read_timeout is dropped;
-  - refusals in the documented JSON with the security headers (nmt.serve.app.HEADERS): 408, 503, and a
+  - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
     malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text.
-The cap on requests in progress is the app's (Limits.max_active, nmt.serve.app.Guard): it counts requests,
+The cap on requests in progress is the app's (Limits.max_active, nmt.serve.guard.Guard): it counts requests,
 never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections);
 tests/test_serve.py checks every behaviour above against a real server.
 """
@@ -34,7 +34,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmt.serve.app import HEADERS, read_timeout_message
+from nmt.serve.app import read_timeout_message
+from nmt.serve.guard import HEADERS
 
 ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last reply before it is cut
 
