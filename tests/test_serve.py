@@ -725,6 +725,32 @@ def test_a_reply_the_client_does_not_read_is_dropped_after_the_read_timeout(load
         assert 0.3 < seconds < 1.5 and not server.server_state.connections
 
 
+def test_the_header_limit_holds_however_the_bytes_arrive(loaded):
+    """Issue 51, 8: 60,000 bytes of headers in one write were answered 200 (h11 limits only a head in pieces)."""
+    head = b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX: "
+    with real_server(loaded) as (url, port, server):
+        for padded in (b"a" * 60000, b" " * 60000 + b"a", b"a" * 17000):  # whitespace h11 strips counts too
+            raw_refusal(port, head + padded + b"\r\n\r\n", 431, "over 16,384 bytes")
+        with open_sending(port, head + b"a" * 16000 + b"\r\n\r\n") as sock:  # just under the limit: served
+            assert parse_reply(until_closed([sock], 5)[sock][1])[0] == 200
+
+
+def test_content_length_with_transfer_encoding_is_read_by_the_latter_answered_and_closed(loaded):
+    """Issue 51, 9: a request with both was answered and the connection kept open; RFC 9112 (6.3) says close."""
+    body = json.dumps({"text": SENTENCE}).encode()
+    request = (
+        b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        + b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"  # smuggled behind it: never answered
+    )
+    with real_server(loaded, idle_timeout=10) as (url, port, server):
+        with open_sending(port, request) as sock:
+            seconds, said = until_closed([sock], 5)[sock]
+    status, headers, text = parse_reply(said)
+    assert status == 200 and headers["connection"] == "close" and seconds < 5
+    assert json.loads(text)["text"] == SENTENCE and said.count(b"HTTP/1.1 ") == 1
+
+
 def test_every_refusal_is_json_with_the_security_headers(loaded, monkeypatch, caplog):
     slow_app = dataclasses.replace(LIMITS, read_timeout=0.5)  # the app's own body deadline comes first here
     with real_server(loaded, slow_app, read_timeout=1.5, idle_timeout=5) as (url, port, server):

@@ -15,7 +15,10 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     progress is closed to make room (only if every one has a request in progress is the newcomer refused, 503);
   - a write deadline: a reply the client does not read for read_timeout is dropped;
   - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
-    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text.
+    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text;
+  - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a request
+    with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
+    target is served as its path.
 The cap on requests in progress is the app's (Limits.max_active, nmt.serve.guard.Guard): it counts requests,
 never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections);
 tests/test_serve.py checks every behaviour above against a real server.
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -35,6 +37,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmt.serve.app import read_timeout_message
+from nmt.serve.framing import StrictConnection
 from nmt.serve.guard import HEADERS
 
 ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last reply before it is cut
@@ -63,23 +66,6 @@ def raw_refusal(status: int, message: str) -> bytes:
     return "\r\n".join([*lines, "", ""]).encode("latin-1") + body
 
 
-class WatchedConnection(h11.Connection):
-    """h11's server side, telling `seen` every event it parses and keeping the status of a protocol error."""
-
-    def __init__(self, max_header_bytes: int, seen: Callable[[object], None]):
-        super().__init__(h11.SERVER, max_incomplete_event_size=max_header_bytes)
-        self.seen, self.error_status = seen, 400
-
-    def next_event(self) -> Any:
-        try:
-            event = super().next_event()
-        except h11.RemoteProtocolError as e:
-            self.error_status = e.error_status_hint
-            raise
-        self.seen(event)
-        return event
-
-
 class GuardedProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with the deadlines and the connection cap of ConnectionLimits."""
 
@@ -87,7 +73,7 @@ class GuardedProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.conn = WatchedConnection(self.limits.max_header_bytes, self._seen)
+        self.conn = StrictConnection(self.limits.max_header_bytes, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
         self.deadline: asyncio.TimerHandle | None = None
@@ -122,13 +108,8 @@ class GuardedProtocol(H11Protocol):
             self._disarm()
 
     def send_400_response(self, msg: str) -> None:
-        """A malformed request (h11 could not parse it): the JSON refusal, then close."""
-        if self.conn.error_status == 431:
-            status = 431
-            message = f"the request line and headers are over {self.limits.max_header_bytes:,} bytes"
-        else:
-            status, message = 400, "malformed HTTP request; send HTTP/1.1, e.g. with curl or a browser"
-        self._refuse(status, message)
+        """A request refused before the app (malformed, a head too large): the JSON refusal, then close."""
+        self._refuse(*self.conn.refusal)
 
     def pause_writing(self) -> None:  # the client stopped reading the reply: it has read_timeout to resume
         super().pause_writing()
