@@ -420,7 +420,8 @@ def test_only_loopback_host_names_are_served(server):
     port = server.rsplit(":", 1)[1].strip("/")
     for host in (f"127.0.0.2:{port}", f"localhost:{port}", f"127.0.0.1:{port}", "[::1]"):
         assert httpx.get(server + "api/models", headers={"Host": host}).status_code == 200, host
-    for host in ("evil.example", f"evil.example:{port}", "127.0.0.2.evil.example", "10.0.0.1"):
+    strict = ("localhost:evil", "[::1]evil", "[127.0.0.1]", "::1", f"127.0.0.2:{port}:{port}")  # issue 51
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.2.evil.example", "10.0.0.1", *strict):
         r = httpx.get(server + "api/models", headers={"Host": host})
         assert_refusal(r.status_code, r.headers, r.text, 400, f"DNS rebinding); open {server}")
 
@@ -430,7 +431,7 @@ HOSTS = [
     ("127.0.0.2", True),
     ("127.255.0.9:80", True),
     ("[::1]:8000", True),
-    ("::1", True),
+    ("::1", False),  # an IPv6 address needs its brackets
     ("localhost", True),
     ("LocalHost.:8000", True),
     ("app.localhost", True),
@@ -441,6 +442,12 @@ HOSTS = [
     ("10.0.0.1", False),
     ("[::2]", False),
     ("", False),
+    ("localhost:evil", False),  # a port is digits
+    ("localhost:", True),  # an empty port is allowed (RFC 3986)
+    ("[::1]evil", False),
+    ("[127.0.0.1]", False),  # brackets hold an IPv6 address
+    ("127.0.0.1:80:80", False),
+    ("local host", False),
 ]
 
 
@@ -749,6 +756,24 @@ def test_content_length_with_transfer_encoding_is_read_by_the_latter_answered_an
     status, headers, text = parse_reply(said)
     assert status == 200 and headers["connection"] == "close" and seconds < 5
     assert json.loads(text)["text"] == SENTENCE and said.count(b"HTTP/1.1 ") == 1
+
+
+def test_absolute_form_targets_and_http_1_0_without_host_are_served(loaded):
+    """Issue 51, minor: GET http://host/path answered "no such path"; HTTP/1.0 without a Host header got 400."""
+    with real_server(loaded) as (url, port, server):
+
+        def ask(request: bytes) -> tuple[int, dict[str, str], str]:
+            with open_sending(port, request) as sock:
+                return parse_reply(until_closed([sock], 5)[sock][1])
+
+        close = b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        status, _, text = ask(b"GET http://127.0.0.1:%d/api/models?x=1 HTTP/1.1\r\n%s" % (port, close))
+        assert status == 200 and "models" in json.loads(text)
+        # the target's host is the one checked (RFC 9112, 3.2.2), whatever the Host header says
+        assert_refusal(*ask(b"GET http://evil.example/api/models HTTP/1.1\r\n" + close), 400, "DNS rebinding")
+        status, _, text = ask(b"GET /api/models HTTP/1.0\r\n\r\n")
+        assert status == 200 and "models" in json.loads(text)
+        assert_refusal(*ask(b"GET /api/models HTTP/1.0\r\nHost: evil.example\r\n\r\n"), 400, "DNS rebinding")
 
 
 def test_every_refusal_is_json_with_the_security_headers(loaded, monkeypatch, caplog):

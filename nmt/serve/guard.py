@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import secrets
 
 from starlette.datastructures import Headers
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from nmt.serve.models import Limits, RequestError
 
 log = logging.getLogger(__name__)
+HOST = re.compile(r"(?:\[(?P<ipv6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::[0-9]*)?")  # host [":" port]
 # no script, style or image from anywhere but this server: the page works offline, and injected markup can't run
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
@@ -46,19 +48,24 @@ def report_bug(exc: BaseException, where: str) -> str:
 
 
 def host_allowed(host: str, names: frozenset[str]) -> bool:
-    """Whether a Host header (a name or an address, with or without a port) names a loopback server: localhost
-    (and *.localhost), any loopback address (127.0.0.0/8, ::1), or one of `names`. Names are never resolved
-    here: under DNS rebinding an attacker's name resolves to 127.0.0.1, and its Host header must be refused."""
-    host = host.strip().lower()
-    if host.startswith("["):  # [::1] or [::1]:8000
-        name = host[1:].partition("]")[0]
-    else:
-        name = host.rpartition(":")[0] if host.count(":") == 1 else host
-    name = name.rstrip(".")
+    """Whether a Host header names a loopback server: localhost (and *.localhost), a loopback address
+    (127.0.0.0/8, [::1]) or one of `names`, with or without a port. The header is read strictly (RFC 9110, 7.2):
+    a name or an IPv4 address, or an IPv6 address in brackets, then at most a colon and digits; anything else
+    (localhost:evil, [::1]evil, [127.0.0.1], a bare ::1) is refused. Names are never resolved here: under DNS
+    rebinding an attacker's name resolves to 127.0.0.1, and its Host header must be refused."""
+    found = HOST.fullmatch(host.strip().lower())
+    if found is None:
+        return False
+    if found["ipv6"] is not None:
+        try:
+            return ipaddress.IPv6Address(found["ipv6"]).is_loopback
+        except ValueError:
+            return False
+    name = found["name"].rstrip(".")
     if name in names or name == "localhost" or name.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        return ipaddress.IPv4Address(name).is_loopback
     except ValueError:
         return False
 
@@ -103,8 +110,11 @@ class Guard:
             await send(message)
 
         if self.host_names is not None:
-            host = Headers(scope=scope).get("host", "")
-            if not host_allowed(host, self.host_names):
+            host = Headers(scope=scope).get("host")
+            # HTTP/1.0 may come without a Host header; browsers always send one, so no DNS rebinding is at stake
+            unnamed = host is None and scope["http_version"] == "1.0"
+            host = host or ""
+            if not unnamed and not host_allowed(host, self.host_names):
                 address, port = scope.get("server") or ("127.0.0.1", 8000)
                 shown = f"[{address}]" if ":" in address else address
                 message = (
