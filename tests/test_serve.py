@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
@@ -487,7 +487,8 @@ def test_start_up_errors_are_one_line(ckpts, tmp_path):
     assert bad.returncode == 2 and "--port 70000" in bad.stderr
     helped = subprocess.run([str(BIN / "nmt-serve"), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "POST /translate" in helped.stdout and "--max-pieces" in helped.stdout
-    assert all(f"--{option}" in helped.stdout for option in ("read-timeout", "idle-timeout", "max-connections"))
+    options = ("read-timeout", "idle-timeout", "write-timeout", "max-connections")
+    assert all(f"--{option}" in helped.stdout for option in options)
 
 
 @contextmanager
@@ -721,15 +722,80 @@ def test_past_max_connections_the_longest_idle_are_closed_and_requests_in_progre
             s.close()
 
 
-def test_a_reply_the_client_does_not_read_is_dropped_after_the_read_timeout(loaded):
-    with real_server(loaded, read_timeout=0.5, idle_timeout=10) as (url, port, server):
-        with open_sending(port) as sock:
-            while not server.server_state.connections:
-                time.sleep(0.01)
-            (protocol,) = server.server_state.connections
-            protocol.loop.call_soon_threadsafe(protocol.pause_writing)  # as when the client's buffers are full
-            seconds, _ = until_closed([sock], 3)[sock]
-        assert 0.3 < seconds < 1.5 and not server.server_state.connections
+STATIC = b"GET /static/serve.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"  # a reply of about 6 KB
+
+
+def pipelining(port: int, request: bytes, copies: int) -> socket.socket:
+    """A connection that sends `copies` requests at once (pipelined) and, with a small receive buffer, soon has
+    more replies coming than it has read."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+    sock.connect(("127.0.0.1", port))
+
+    def send() -> None:
+        with suppress(OSError):  # the server cuts the connection before it has taken every request
+            sock.sendall(request * copies)
+
+    threading.Thread(target=send, daemon=True).start()
+    return sock
+
+
+def trickle(socks: list[socket.socket], cut: dict, got: dict) -> None:
+    """Read 4 KB from each socket every 50 ms (about 80 KB/s, slower than the server writes) until it is cut."""
+    while len(cut) < len(socks):
+        for s in socks:
+            if s in cut:
+                continue
+            try:
+                data = s.recv(4096)
+            except OSError:
+                data = b""
+            got[s] = got.get(s, 0) + len(data)
+            if not data:
+                cut[s] = time.monotonic()
+        time.sleep(0.05)
+
+
+def test_slow_readers_hold_no_place_and_are_cut_at_the_send_deadline(loaded):
+    """Issue 51, 1: a connection that pipelines requests and does not read held a place of max_active while its
+    replies waited (66 of them answered others 503), and the send deadline restarted whenever a slow reader read a
+    little, so those were never cut."""
+    write_s = 1.5
+    one = dataclasses.replace(LIMITS, max_active=1)
+    with real_server(loaded, one, write_timeout=write_s, idle_timeout=10) as (url, port, server):
+
+        def backed_up(n: int) -> float:  # seconds until n connections have replies waiting (the kernel's are full)
+            began = time.monotonic()
+            while sum(c.flow.write_paused for c in list(server.server_state.connections)) < n:
+                if time.monotonic() - began > 30:  # (before issue 51: seconds, with 4 MiB in the kernel first)
+                    break
+                time.sleep(0.02)
+            return time.monotonic() - began
+
+        began = time.monotonic()
+        never = [pipelining(port, b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 6000)]
+        waited = backed_up(1)
+        for _ in range(3):  # the one place is free for another client, answered at once
+            asked = time.monotonic()
+            r = httpx.get(url + "api/models", timeout=5)
+            assert r.status_code == 200 and time.monotonic() - asked < 1, r.text
+        r = httpx.post(url + "translate", json={"text": SENTENCE}, timeout=10)
+        assert r.status_code == 200 and len(r.json()["results"]) == 3, r.text
+        assert waited < write_s  # the kernel holds 256 KiB of a connection's replies, not megabytes
+
+        slow, cut, got = [pipelining(port, STATIC, 2000) for _ in range(2)], {}, {}
+        reader = threading.Thread(target=trickle, args=(slow, cut, got), daemon=True)
+        reader.start()
+        opened = time.monotonic()
+        while server.server_state.connections and time.monotonic() - opened < write_s + 4:
+            time.sleep(0.05)
+        assert not server.server_state.connections, "slow readers were not cut"
+        reader.join(5)
+    assert time.monotonic() - began < 2 * write_s + 5
+    assert len(cut) == 2 and all(at - opened >= write_s for at in cut.values())  # not before the deadline
+    assert all(got[s] > 64 * 1024 for s in slow), got  # they read through several stalls, none restarted it
+    for s in never + slow:
+        s.close()
 
 
 def test_the_header_limit_holds_however_the_bytes_arrive(loaded):

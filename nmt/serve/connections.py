@@ -1,4 +1,4 @@
-"""The HTTP connection layer of nmt-serve: uvicorn's h11 protocol with read deadlines and a connection cap.
+"""The HTTP connection layer of nmt-serve: uvicorn's h11 protocol with deadlines and a connection cap.
 
     server = make_server(create_app(models, examples, limits), ConnectionLimits())
     server.run(sockets=[sock])                        # nmt/cli/serve.py binds and listens; tests run it in a thread
@@ -13,14 +13,17 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     that sends nothing after a reply (timeout_keep_alive, the same value);
   - a connection cap: past max_connections open connections, the longest-idle one without a request in
     progress is closed to make room (only if every one has a request in progress is the newcomer refused, 503);
-  - a write deadline: a reply the client does not read for read_timeout is dropped;
+  - a send deadline: once a connection's replies fill the server's send buffer (the client reads slower than
+    it asks, or not at all), it has write_timeout to read all that is queued, replies to the requests it
+    pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
+    cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
   - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
     malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text;
   - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a request
     with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
     target is served as its path.
 The cap on requests in progress is the app's (Limits.max_active, nmt.serve.guard.Guard): it counts requests,
-never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections);
+never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections, flow);
 tests/test_serve.py checks every behaviour above against a real server.
 """
 
@@ -28,6 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
+from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -41,6 +47,10 @@ from nmt.serve.framing import StrictConnection
 from nmt.serve.guard import HEADERS
 
 ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last reply before it is cut
+# the kernel's send buffer of a connection (Linux doubles it for its bookkeeping), fixed instead of grown up to
+# 4 MiB: a client that does not read holds that little memory, and its replies back up into the server's own
+# buffer, where the send deadline sees them, within 256 KiB instead of megabytes (minutes at 15 KB/s)
+KERNEL_SEND_BUFFER = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class ConnectionLimits:
 
     read_timeout: float = 10.0  # seconds from a request's first byte to its last (headers and body); then 408
     idle_timeout: float = 5.0  # seconds a connection may send nothing: after it opens, and between requests
+    write_timeout: float = 10.0  # seconds to read a backlog of replies, from when it fills the send buffer; then cut
     max_connections: int = 256  # open connections; past it the longest-idle one is closed
     max_header_bytes: int = 16384  # a request line and headers over this: 431
 
@@ -76,7 +87,7 @@ class GuardedProtocol(H11Protocol):
         self.conn = StrictConnection(self.limits.max_header_bytes, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
-        self.deadline: asyncio.TimerHandle | None = None
+        self.deadline: asyncio.TimerHandle | None = None  # the read or idle deadline
         self.write_deadline: asyncio.TimerHandle | None = None
 
     @property
@@ -87,6 +98,10 @@ class GuardedProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[arg-type]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with suppress(OSError):  # the client may be gone already
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
         self._arm(self.limits.idle_timeout)
         self._make_room()
 
@@ -111,16 +126,26 @@ class GuardedProtocol(H11Protocol):
         """A request refused before the app (malformed, a head too large): the JSON refusal, then close."""
         self._refuse(*self.conn.refusal)
 
-    def pause_writing(self) -> None:  # the client stopped reading the reply: it has read_timeout to resume
+    def pause_writing(self) -> None:  # the send buffer is full: the client has write_timeout to read it all
         super().pause_writing()
         if self.write_deadline is None:
-            self.write_deadline = self.loop.call_later(self.limits.read_timeout, self.transport.abort)
+            self.write_deadline = self.loop.call_later(self.limits.write_timeout, self._write_deadline_passed)
 
     def resume_writing(self) -> None:
-        if self.write_deadline is not None:
+        if self.write_deadline is not None and not self.busy:  # read, and no pipelined reply waits to be sent
             self.write_deadline.cancel()
             self.write_deadline = None
         super().resume_writing()
+
+    def _write_deadline_passed(self) -> None:
+        self.write_deadline = None
+        if self.transport.get_write_buffer_size():  # still behind: its replies are dropped, the app's send returns
+            self._cut()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's idle close, cut after ABORT_AFTER if the client does not read the last reply."""
+        if not self.transport.is_closing():
+            self._close()
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -175,7 +200,15 @@ class GuardedProtocol(H11Protocol):
     def _close(self) -> None:
         self._disarm()
         self.transport.close()
-        self.loop.call_later(ABORT_AFTER, self.transport.abort)  # if the client does not read the last reply
+        self.loop.call_later(ABORT_AFTER, self._cut)  # if the client does not read the last reply
+
+    def _cut(self) -> None:
+        """Close now, dropping what the client has not read, the kernel's copy too (a reset, not a FIN)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.fileno() != -1:  # -1: closed already, all sent
+            with suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
 
 def make_server(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Server:

@@ -79,8 +79,10 @@ class Guard:
     """The outermost layer of the application (inside Starlette's own last-resort handler, which it leaves
     nothing to): every response gets HEADERS; a foreign Host header is refused (400) when `host_names` is given,
     a request past `limits.max_active` in progress gets 503, a RequestError its status, and any other exception
-    a 500 naming the id under which it was logged. A request is in progress once it has arrived whole: a body
-    still on its way holds no place, so slow senders cannot fill the cap (their deadline is read_timeout)."""
+    a 500 naming the id under which it was logged. A request holds a place from when it has arrived whole until
+    its reply is ready (the reply's first message): a body still on its way holds none, so slow senders cannot
+    fill the cap (their deadline is read_timeout), and nor can a client slow to read its replies (its deadline
+    is the connection layer's write_timeout, nmt/serve/connections.py)."""
 
     def __init__(self, app: ASGIApp, limits: Limits, host_names: frozenset[str] | None = None):
         self.app, self.limits, self.host_names = app, limits, host_names
@@ -95,12 +97,19 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        started = counted = held = False
+
+        def leave() -> None:  # the reply is ready (or there is none): its place goes to the next request
+            nonlocal held
+            if held:
+                self.active -= 1
+                held = False
 
         async def send_secured(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                leave()  # sending it is the connection layer's business, bounded by its send deadline
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
                 headers += [
@@ -123,14 +132,13 @@ class Guard:
                 )
                 await refusal(message, 400)(scope, receive, send_secured)
                 return
-        counted = False
 
         def enter() -> None:  # the request has arrived whole: it takes a place, if there is one
-            nonlocal counted
+            nonlocal counted, held
             if self.active >= self.limits.max_active:
                 raise self.busy()
             self.active += 1
-            counted = True
+            counted = held = True
 
         async def receive_counted() -> Message:
             message = await receive()
@@ -150,5 +158,4 @@ class Guard:
             if not started:
                 await refusal(message, 500)(scope, receive, send_secured)
         finally:
-            if counted:
-                self.active -= 1
+            leave()
