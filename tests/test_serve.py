@@ -798,6 +798,27 @@ def test_slow_readers_hold_no_place_and_are_cut_at_the_send_deadline(loaded):
         s.close()
 
 
+def test_a_burst_past_max_connections_is_answered_503_never_reset(loaded):
+    """Issue 51, 6: connections that arrive in one burst, each with a whole request, were closed to make room
+    before their requests were read (the client saw a reset); now each gets an answer, 503 past the cap."""
+    cap = 8
+    with real_server(loaded, max_connections=cap, idle_timeout=10, read_timeout=10) as (url, port, server):
+        loop = server.servers[0].get_loop()
+        loop.call_soon_threadsafe(time.sleep, 1.0)  # the server is busy a moment, as under load: a burst queues
+        time.sleep(0.1)
+        request = b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        burst = [open_sending(port, request) for _ in range(3 * cap)]
+        closed = until_closed(burst, 10)
+    replies = [parse_reply(said) if said else (None, {}, "") for _, said in closed.values()]
+    assert sorted(str(status) for status, _, _ in replies) == ["200"] * cap + ["503"] * (2 * cap)
+    for status, headers, body in replies:
+        if status == 503:
+            assert_refusal(status, headers, body, 503, "too many connections")
+            assert headers["connection"] == "close"
+    for s in burst:
+        s.close()
+
+
 def test_the_header_limit_holds_however_the_bytes_arrive(loaded):
     """Issue 51, 8: 60,000 bytes of headers in one write were answered 200 (h11 limits only a head in pieces)."""
     head = b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX: "

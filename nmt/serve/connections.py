@@ -11,17 +11,18 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     first byte; past it the client gets 408 and the connection is closed (a reply already sent: just closed);
   - an idle deadline: a connection that sends nothing is closed after idle_timeout, as uvicorn closes one
     that sends nothing after a reply (timeout_keep_alive, the same value);
-  - a connection cap: past max_connections open connections, the longest-idle one without a request in
-    progress is closed to make room (only if every one has a request in progress is the newcomer refused, 503);
   - a send deadline: once a connection's replies fill the server's send buffer (the client reads slower than
     it asks, or not at all), it has write_timeout to read all that is queued, replies to the requests it
     pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
     cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
-  - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
-    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text;
+  - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
+    request in progress, none waiting unread in the kernel) are closed to make room; if there are too few,
+    the newcomer is answered 503 once its request has arrived, never closed before it is read;
   - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a request
     with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
-    target is served as its path.
+    target is served as its path;
+  - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
+    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text.
 The cap on requests in progress is the app's (Limits.max_active, nmt.serve.guard.Guard): it counts requests,
 never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections, flow);
 tests/test_serve.py checks every behaviour above against a real server.
@@ -29,6 +30,7 @@ tests/test_serve.py checks every behaviour above against a real server.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import socket
@@ -36,6 +38,7 @@ import struct
 from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
+from itertools import islice
 from typing import Any, ClassVar
 
 import h11
@@ -43,8 +46,14 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from nmt.serve.app import read_timeout_message
-from nmt.serve.framing import StrictConnection
+from nmt.serve.framing import Refusal, StrictConnection
 from nmt.serve.guard import HEADERS
+
+try:  # how many bytes wait unread in the kernel (Linux, macOS); elsewhere the cap does not look
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:  # pragma: no cover
+    ioctl = None
 
 ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last reply before it is cut
 # the kernel's send buffer of a connection (Linux doubles it for its bookkeeping), fixed instead of grown up to
@@ -87,6 +96,7 @@ class GuardedProtocol(H11Protocol):
         self.conn = StrictConnection(self.limits.max_header_bytes, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
+        self.over_cap = False  # opened past max_connections: its request gets 503 unless room is made by then
         self.deadline: asyncio.TimerHandle | None = None  # the read or idle deadline
         self.write_deadline: asyncio.TimerHandle | None = None
 
@@ -96,6 +106,18 @@ class GuardedProtocol(H11Protocol):
         cycle = self.cycle
         return cycle is not None and not cycle.response_complete and self.conn.their_state is not h11.SEND_BODY
 
+    def unread(self) -> int:
+        """Bytes the client sent that wait in the kernel, unread (a request that came with a burst of others)."""
+        sock = self.transport.get_extra_info("socket")
+        if ioctl is None or sock is None:
+            return 0
+        count = array.array("i", [0])
+        try:
+            ioctl(sock.fileno(), FIONREAD, count)
+        except OSError:
+            return 0
+        return count[0]
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[arg-type]
         sock = transport.get_extra_info("socket")
@@ -103,7 +125,7 @@ class GuardedProtocol(H11Protocol):
             with suppress(OSError):  # the client may be gone already
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
         self._arm(self.limits.idle_timeout)
-        self._make_room()
+        self.over_cap = not self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -118,12 +140,20 @@ class GuardedProtocol(H11Protocol):
         super().data_received(data)
 
     def _seen(self, event: object) -> None:
+        if isinstance(event, h11.Request) and self.over_cap:  # opened past the cap: is there room now?
+            if not self._make_room():
+                open_ = sum(not c.transport.is_closing() for c in self.connections)
+                raise Refusal(
+                    f"too many connections: {open_} are open and none is idle; try again in a moment",
+                    error_status_hint=503,
+                )
+            self.over_cap = False
         if isinstance(event, h11.EndOfMessage):  # the request is read: no deadline while the app works on it
             self.reading = False
             self._disarm()
 
     def send_400_response(self, msg: str) -> None:
-        """A request refused before the app (malformed, a head too large): the JSON refusal, then close."""
+        """A request refused before the app (malformed, a head too large, no room): the JSON refusal, then close."""
         self._refuse(*self.conn.refusal)
 
     def pause_writing(self) -> None:  # the send buffer is full: the client has write_timeout to read it all
@@ -178,20 +208,18 @@ class GuardedProtocol(H11Protocol):
         else:
             self._refuse(408, read_timeout_message(self.limits.read_timeout))
 
-    def _make_room(self) -> None:
-        """Past max_connections, close the longest-idle connections without a request in progress."""
+    def _make_room(self) -> bool:
+        """Past max_connections, close the longest-idle connections with nothing to read; whether there is room.
+        A connection whose request still waits unread in the kernel is not idle: it came in the same burst."""
         others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         excess = len(others) + 1 - self.limits.max_connections
         if excess <= 0:
-            return
-        idle = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
-        for c in idle[:excess]:
+            return True
+        waiting = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
+        idle = list(islice((c for c in waiting if not c.unread()), excess))
+        for c in idle:
             c._close()
-        if len(idle) < excess:
-            self._refuse(
-                503,
-                f"too many connections: {len(others)} are open, each with a request in progress; try again in a moment",
-            )
+        return len(idle) == excess
 
     def _refuse(self, status: int, message: str) -> None:
         self.transport.write(raw_refusal(status, message))
