@@ -223,6 +223,18 @@ def test_wrong_paths_and_methods_say_where_to_go(client):
     assert r.status_code == 404 and "/api/models" in r.json()["error"]
 
 
+def test_static_files_are_served_from_memory_with_an_etag(client):
+    static = Path(__file__).parent.parent / "nmt" / "serve" / "static"
+    for name, kind in (("serve.js", "text/javascript"), ("serve.css", "text/css"), ("favicon.svg", "image/svg+xml")):
+        r = client.get(f"/static/{name}")
+        assert r.status_code == 200 and r.content == (static / name).read_bytes()
+        assert r.headers["content-type"].startswith(kind) and r.headers["x-content-type-options"] == "nosniff"
+        again = client.get(f"/static/{name}", headers={"If-None-Match": r.headers["etag"]})
+        assert again.status_code == 304 and again.content == b""
+    r = client.get("/static/nope.js")
+    assert r.status_code == 404 and "no such path /static/nope.js" in r.json()["error"]
+
+
 def test_over_long_text_is_cut_with_a_note(client):
     words = SENTENCE.split() * 20  # 100 words, about 500 characters
     reply = post(client, json.dumps({"text": " ".join(words)})).json()

@@ -9,7 +9,9 @@ Routes:
                        result's "self_attention" is null, or for a checkpoint with self-attention in its encoder
                        {"layers": L, "heads": H, "weights": [layer][head][query][key]} (nmt.serve.models)
     GET  /api/models   the checkpoints' labels and settings, the limits and the example sentences
-    GET  /static/...   the page's stylesheet and script (nmt/serve/static, shipped in the package)
+    GET  /static/...   the page's stylesheet, script and icon (nmt/serve/static, shipped in the package, read once
+                       at start and served from memory: a request for one holds a place of Limits.max_active for
+                       no longer than one step of the event loop, whoever asks and however often)
 
 Every refusal is {"error": "..."} (the page shows it in a box) with the security headers (HEADERS) and a
 status: 400 bad input or a foreign Host header, 404/405 wrong path or method, 408 a body too slow to arrive,
@@ -26,6 +28,7 @@ one request at a time, so concurrent requests never mix.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,8 +40,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 
 from nmt.serve.examples import Examples
 from nmt.serve.guard import CLOSING, HEADERS, Guard, refusal, report_bug
@@ -46,6 +48,7 @@ from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clea
 from nmt.serve.page import render_page
 
 STATIC_DIR = Path(__file__).parent / "static"
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
 _JSON_TYPES = {
     dict: "an object",
     list: "an array",
@@ -182,6 +185,27 @@ def parse_form(body: bytes) -> dict[str, str]:
     return {k: v[0] for k, v in fields.items()}
 
 
+def static_files() -> Route:
+    """GET /static/{name}: the files of STATIC_DIR from memory, with an ETag (304 when the browser has it)."""
+    files = {}
+    for path in STATIC_DIR.iterdir():
+        if path.suffix in STATIC_TYPES:
+            body = path.read_bytes()
+            etag = f'"{hashlib.sha256(body).hexdigest()[:20]}"'
+            files[path.name] = (body, {**HEADERS, "Content-Type": STATIC_TYPES[path.suffix], "ETag": etag})
+
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params["name"])
+        if found is None:
+            raise HTTPException(404)
+        body, headers = found
+        if headers["ETag"] in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers={"ETag": headers["ETag"], **HEADERS})
+        return Response(body, headers=headers)
+
+    return Route("/static/{name}", static, methods=["GET"])
+
+
 def create_app(
     models: list[ServedModel],
     examples: Examples,
@@ -250,7 +274,7 @@ def create_app(
         Route("/", page, methods=["GET", "POST"]),
         Route("/translate", api_translate, methods=["POST"]),
         Route("/api/models", api_models, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+        static_files(),
     ]
     names = None if allowed_hosts is None else frozenset(h.lower().strip("[]").rstrip(".") for h in allowed_hosts)
     middleware = [Middleware(Guard, limits=lim, host_names=names)]
