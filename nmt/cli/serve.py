@@ -41,9 +41,11 @@ limits:
   (its own worker thread); the checkpoints of one request run side by side.
   Slow and idle clients: a request must arrive whole (headers and body) within --read-timeout seconds of
   its first byte (else 408, and the connection is closed); a connection that sends nothing for
-  --idle-timeout seconds is closed; past --max-connections open connections the longest-idle one is
-  closed; at most --max-active requests are in progress at once (more get 503). Idle connections never
-  count against --max-active.
+  --idle-timeout seconds is closed; a client whose replies fill the server's send buffer has
+  --write-timeout seconds to read them all (else the connection is cut); past --max-connections open
+  connections the longest-idle one is closed (if none is idle, the newcomer's request gets 503); at most
+  --max-active requests are in progress at once (more get 503), from their arrival until their reply is
+  ready. Idle connections and slow readers never count against --max-active.
 
 examples:
   nmt-serve outputs/none/checkpoints/best.pt outputs/luong/checkpoints/best.pt
@@ -124,6 +126,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(default 5)",
     )
     p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a client has to read its replies once they fill the server's send buffer (it reads slower "
+        "than it asks, or not at all); reading a little does not restart the clock; later the connection is cut "
+        "(default 10)",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=256,
@@ -145,7 +156,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}")
-    for name in ("timeout", "read_timeout", "idle_timeout"):
+    for name in ("timeout", "read_timeout", "idle_timeout", "write_timeout"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     return args
@@ -245,7 +256,10 @@ def serve(args: argparse.Namespace) -> None:
             flush=True,
         )
     connections = ConnectionLimits(
-        read_timeout=args.read_timeout, idle_timeout=args.idle_timeout, max_connections=max_connections
+        read_timeout=args.read_timeout,
+        idle_timeout=args.idle_timeout,
+        write_timeout=args.write_timeout,
+        max_connections=max_connections,
     )
     server = make_server(app, connections)
     sock.listen(1024)

@@ -9,15 +9,18 @@ Routes:
                        result's "self_attention" is null, or for a checkpoint with self-attention in its encoder
                        {"layers": L, "heads": H, "weights": [layer][head][query][key]} (nmt.serve.models)
     GET  /api/models   the checkpoints' labels and settings, the limits and the example sentences
-    GET  /static/...   the page's stylesheet and script (nmt/serve/static, shipped in the package)
+    GET  /static/...   the page's stylesheet, script and icon (nmt/serve/static, shipped in the package, read once
+                       at start and served from memory: a request for one holds a place of Limits.max_active for
+                       no longer than one step of the event loop, whoever asks and however often)
 
 Every refusal is {"error": "..."} (the page shows it in a box) with the security headers (HEADERS) and a
 status: 400 bad input or a foreign Host header, 404/405 wrong path or method, 408 a body too slow to arrive,
 413 a body over the limit (both close the connection), 503 busy or too slow, 500 a bug: the reply names an id,
 the server log has the id with the traceback, the client never sees the exception's text; the server keeps
-serving. Guard, the outermost layer, gives every response HEADERS and answers the Host check, the cap on
-requests in progress (Limits.max_active), refusals and bugs; refusals made before a request reaches the app
-(a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in the same JSON.
+serving. Guard (nmt/serve/guard.py), the outermost layer, gives every response HEADERS and answers the Host
+check, the cap on requests in progress (Limits.max_active), refusals and bugs; refusals made before a request
+reaches the app (a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in
+the same JSON.
 The model calls run in the threadpool, one per checkpoint, side by side; each checkpoint's lock keeps it to
 one request at a time, so concurrent requests never mix.
 """
@@ -25,31 +28,27 @@ one request at a time, so concurrent requests never mix.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
+import hashlib
 import json
-import logging
-import secrets
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from starlette.applications import Starlette
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import Route
 
 from nmt.serve.examples import Examples
+from nmt.serve.guard import CLOSING, HEADERS, Guard, refusal, report_bug
 from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
 from nmt.serve.page import render_page
 
 STATIC_DIR = Path(__file__).parent / "static"
-log = logging.getLogger(__name__)
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
 _JSON_TYPES = {
     dict: "an object",
     list: "an array",
@@ -59,131 +58,10 @@ _JSON_TYPES = {
     float: "a number",
     type(None): "null",
 }
-# no script, style or image from anywhere but this server: the page works offline, and injected markup can't run
-HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
-
-
-CLOSING = (408, 413)  # refusals that close the connection: the rest of the body is not worth reading
 
 
 def example_body(limits: Limits) -> str:
     return f'{{"text": "...", "beam": 1}} (beam from 1 to {limits.max_beam}, default 1)'
-
-
-def refusal(message: str, status: int) -> JSONResponse:
-    """The documented refusal: {"error": message} with the security headers (and Connection: close for CLOSING)."""
-    headers = {**HEADERS, "Connection": "close"} if status in CLOSING else HEADERS
-    return JSONResponse({"error": message}, status, headers=headers)
-
-
-def report_bug(exc: BaseException, where: str) -> str:
-    """Log `exc` with its traceback under a fresh id; the message for the client names the id, never the text."""
-    ident = secrets.token_hex(4)
-    log.error("internal error %s in %s", ident, where, exc_info=exc)
-    return f"internal error (id {ident}); the server keeps running, please report this with the id"
-
-
-def host_allowed(host: str, names: frozenset[str]) -> bool:
-    """Whether a Host header (a name or an address, with or without a port) names a loopback server: localhost
-    (and *.localhost), any loopback address (127.0.0.0/8, ::1), or one of `names`. Names are never resolved
-    here: under DNS rebinding an attacker's name resolves to 127.0.0.1, and its Host header must be refused."""
-    host = host.strip().lower()
-    if host.startswith("["):  # [::1] or [::1]:8000
-        name = host[1:].partition("]")[0]
-    else:
-        name = host.rpartition(":")[0] if host.count(":") == 1 else host
-    name = name.rstrip(".")
-    if name in names or name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def has_body(scope: Scope) -> bool:
-    headers = Headers(scope=scope)
-    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
-
-
-class Guard:
-    """The outermost layer of the application (inside Starlette's own last-resort handler, which it leaves
-    nothing to): every response gets HEADERS; a foreign Host header is refused (400) when `host_names` is given,
-    a request past `limits.max_active` in progress gets 503, a RequestError its status, and any other exception
-    a 500 naming the id under which it was logged. A request is in progress once it has arrived whole: a body
-    still on its way holds no place, so slow senders cannot fill the cap (their deadline is read_timeout)."""
-
-    def __init__(self, app: ASGIApp, limits: Limits, host_names: frozenset[str] | None = None):
-        self.app, self.limits, self.host_names = app, limits, host_names
-        self.active = 0  # requests in progress (touched by the event loop only)
-
-    def busy(self) -> RequestError:
-        return RequestError(
-            f"busy: {self.active} requests are in progress, the most this server takes; try again in a moment", 503
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_secured(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
-                headers += [
-                    (k.lower().encode(), v.encode()) for k, v in HEADERS.items() if k.lower().encode() not in present
-                ]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        if self.host_names is not None:
-            host = Headers(scope=scope).get("host", "")
-            if not host_allowed(host, self.host_names):
-                address, port = scope.get("server") or ("127.0.0.1", 8000)
-                shown = f"[{address}]" if ":" in address else address
-                message = (
-                    f"this server answers only requests addressed to localhost or a loopback address, not "
-                    f"{host[:80]!r} (a defence against DNS rebinding); open http://{shown}:{port}/"
-                )
-                await refusal(message, 400)(scope, receive, send_secured)
-                return
-        counted = False
-
-        def enter() -> None:  # the request has arrived whole: it takes a place, if there is one
-            nonlocal counted
-            if self.active >= self.limits.max_active:
-                raise self.busy()
-            self.active += 1
-            counted = True
-
-        async def receive_counted() -> Message:
-            message = await receive()
-            if message["type"] == "http.request" and not message.get("more_body", False) and not counted:
-                enter()  # a RequestError here reaches the handler reading the body, then Guard or the page
-            return message
-
-        try:
-            if not has_body(scope):
-                enter()
-            await self.app(scope, receive_counted, send_secured)
-        except RequestError as e:
-            if not started:
-                await refusal(str(e), e.status)(scope, receive, send_secured)
-        except Exception as e:  # a bug; a reply already begun ends cut short (the server closes the connection)
-            message = report_bug(e, f"{scope['method']} {scope['path']}")
-            if not started:
-                await refusal(message, 500)(scope, receive, send_secured)
-        finally:
-            if counted:
-                self.active -= 1
 
 
 class Server:
@@ -307,6 +185,27 @@ def parse_form(body: bytes) -> dict[str, str]:
     return {k: v[0] for k, v in fields.items()}
 
 
+def static_files() -> Route:
+    """GET /static/{name}: the files of STATIC_DIR from memory, with an ETag (304 when the browser has it)."""
+    files = {}
+    for path in STATIC_DIR.iterdir():
+        if path.suffix in STATIC_TYPES:
+            body = path.read_bytes()
+            etag = f'"{hashlib.sha256(body).hexdigest()[:20]}"'
+            files[path.name] = (body, {**HEADERS, "Content-Type": STATIC_TYPES[path.suffix], "ETag": etag})
+
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params["name"])
+        if found is None:
+            raise HTTPException(404)
+        body, headers = found
+        if headers["ETag"] in request.headers.get("if-none-match", ""):
+            return Response(status_code=304, headers={"ETag": headers["ETag"], **HEADERS})
+        return Response(body, headers=headers)
+
+    return Route("/static/{name}", static, methods=["GET"])
+
+
 def create_app(
     models: list[ServedModel],
     examples: Examples,
@@ -375,7 +274,7 @@ def create_app(
         Route("/", page, methods=["GET", "POST"]),
         Route("/translate", api_translate, methods=["POST"]),
         Route("/api/models", api_models, methods=["GET"]),
-        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+        static_files(),
     ]
     names = None if allowed_hosts is None else frozenset(h.lower().strip("[]").rstrip(".") for h in allowed_hosts)
     middleware = [Middleware(Guard, limits=lim, host_names=names)]

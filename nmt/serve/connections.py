@@ -1,4 +1,4 @@
-"""The HTTP connection layer of nmt-serve: uvicorn's h11 protocol with read deadlines and a connection cap.
+"""The HTTP connection layer of nmt-serve: uvicorn's h11 protocol with deadlines and a connection cap.
 
     server = make_server(create_app(models, examples, limits), ConnectionLimits())
     server.run(sockets=[sock])                        # nmt/cli/serve.py binds and listens; tests run it in a thread
@@ -11,32 +11,55 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     first byte; past it the client gets 408 and the connection is closed (a reply already sent: just closed);
   - an idle deadline: a connection that sends nothing is closed after idle_timeout, as uvicorn closes one
     that sends nothing after a reply (timeout_keep_alive, the same value);
-  - a connection cap: past max_connections open connections, the longest-idle one without a request in
-    progress is closed to make room (only if every one has a request in progress is the newcomer refused, 503);
-  - a write deadline: a reply the client does not read for read_timeout is dropped;
-  - refusals in the documented JSON with the security headers (nmt.serve.app.HEADERS): 408, 503, and a
+  - a send deadline: once a connection's replies fill the server's send buffer (the client reads slower than
+    it asks, or not at all), it has write_timeout to read all that is queued, replies to the requests it
+    pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
+    cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
+  - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
+    request in progress, none waiting unread in the kernel) are closed to make room; if there are too few,
+    the newcomer is answered 503 once its request has arrived, never closed before it is read;
+  - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a request
+    with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
+    target is served as its path;
+  - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
     malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text.
-The cap on requests in progress is the app's (Limits.max_active, nmt.serve.app.Guard): it counts requests,
-never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections);
+The cap on requests in progress is the app's (Limits.max_active, nmt.serve.guard.Guard): it counts requests,
+never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections, flow);
 tests/test_serve.py checks every behaviour above against a real server.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
-from collections.abc import Callable
+import socket
+import struct
+from contextlib import suppress
 from dataclasses import dataclass
 from http import HTTPStatus
+from itertools import islice
 from typing import Any, ClassVar
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from nmt.serve.app import HEADERS, read_timeout_message
+from nmt.serve.app import read_timeout_message
+from nmt.serve.framing import Refusal, StrictConnection
+from nmt.serve.guard import HEADERS
+
+try:  # how many bytes wait unread in the kernel (Linux, macOS); elsewhere the cap does not look
+    from fcntl import ioctl
+    from termios import FIONREAD
+except ImportError:  # pragma: no cover
+    ioctl = None
 
 ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last reply before it is cut
+# the kernel's send buffer of a connection (Linux doubles it for its bookkeeping), fixed instead of grown up to
+# 4 MiB: a client that does not read holds that little memory, and its replies back up into the server's own
+# buffer, where the send deadline sees them, within 256 KiB instead of megabytes (minutes at 15 KB/s)
+KERNEL_SEND_BUFFER = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,7 @@ class ConnectionLimits:
 
     read_timeout: float = 10.0  # seconds from a request's first byte to its last (headers and body); then 408
     idle_timeout: float = 5.0  # seconds a connection may send nothing: after it opens, and between requests
+    write_timeout: float = 10.0  # seconds to read a backlog of replies, from when it fills the send buffer; then cut
     max_connections: int = 256  # open connections; past it the longest-idle one is closed
     max_header_bytes: int = 16384  # a request line and headers over this: 431
 
@@ -62,23 +86,6 @@ def raw_refusal(status: int, message: str) -> bytes:
     return "\r\n".join([*lines, "", ""]).encode("latin-1") + body
 
 
-class WatchedConnection(h11.Connection):
-    """h11's server side, telling `seen` every event it parses and keeping the status of a protocol error."""
-
-    def __init__(self, max_header_bytes: int, seen: Callable[[object], None]):
-        super().__init__(h11.SERVER, max_incomplete_event_size=max_header_bytes)
-        self.seen, self.error_status = seen, 400
-
-    def next_event(self) -> Any:
-        try:
-            event = super().next_event()
-        except h11.RemoteProtocolError as e:
-            self.error_status = e.error_status_hint
-            raise
-        self.seen(event)
-        return event
-
-
 class GuardedProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with the deadlines and the connection cap of ConnectionLimits."""
 
@@ -86,10 +93,11 @@ class GuardedProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.conn = WatchedConnection(self.limits.max_header_bytes, self._seen)
+        self.conn = StrictConnection(self.limits.max_header_bytes, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
-        self.deadline: asyncio.TimerHandle | None = None
+        self.over_cap = False  # opened past max_connections: its request gets 503 unless room is made by then
+        self.deadline: asyncio.TimerHandle | None = None  # the read or idle deadline
         self.write_deadline: asyncio.TimerHandle | None = None
 
     @property
@@ -98,10 +106,26 @@ class GuardedProtocol(H11Protocol):
         cycle = self.cycle
         return cycle is not None and not cycle.response_complete and self.conn.their_state is not h11.SEND_BODY
 
+    def unread(self) -> int:
+        """Bytes the client sent that wait in the kernel, unread (a request that came with a burst of others)."""
+        sock = self.transport.get_extra_info("socket")
+        if ioctl is None or sock is None:
+            return 0
+        count = array.array("i", [0])
+        try:
+            ioctl(sock.fileno(), FIONREAD, count)
+        except OSError:
+            return 0
+        return count[0]
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[arg-type]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with suppress(OSError):  # the client may be gone already
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, KERNEL_SEND_BUFFER)
         self._arm(self.limits.idle_timeout)
-        self._make_room()
+        self.over_cap = not self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -116,29 +140,42 @@ class GuardedProtocol(H11Protocol):
         super().data_received(data)
 
     def _seen(self, event: object) -> None:
+        if isinstance(event, h11.Request) and self.over_cap:  # opened past the cap: is there room now?
+            if not self._make_room():
+                open_ = sum(not c.transport.is_closing() for c in self.connections)
+                raise Refusal(
+                    f"too many connections: {open_} are open and none is idle; try again in a moment",
+                    error_status_hint=503,
+                )
+            self.over_cap = False
         if isinstance(event, h11.EndOfMessage):  # the request is read: no deadline while the app works on it
             self.reading = False
             self._disarm()
 
     def send_400_response(self, msg: str) -> None:
-        """A malformed request (h11 could not parse it): the JSON refusal, then close."""
-        if self.conn.error_status == 431:
-            status = 431
-            message = f"the request line and headers are over {self.limits.max_header_bytes:,} bytes"
-        else:
-            status, message = 400, "malformed HTTP request; send HTTP/1.1, e.g. with curl or a browser"
-        self._refuse(status, message)
+        """A request refused before the app (malformed, a head too large, no room): the JSON refusal, then close."""
+        self._refuse(*self.conn.refusal)
 
-    def pause_writing(self) -> None:  # the client stopped reading the reply: it has read_timeout to resume
+    def pause_writing(self) -> None:  # the send buffer is full: the client has write_timeout to read it all
         super().pause_writing()
         if self.write_deadline is None:
-            self.write_deadline = self.loop.call_later(self.limits.read_timeout, self.transport.abort)
+            self.write_deadline = self.loop.call_later(self.limits.write_timeout, self._write_deadline_passed)
 
     def resume_writing(self) -> None:
-        if self.write_deadline is not None:
+        if self.write_deadline is not None and not self.busy:  # read, and no pipelined reply waits to be sent
             self.write_deadline.cancel()
             self.write_deadline = None
         super().resume_writing()
+
+    def _write_deadline_passed(self) -> None:
+        self.write_deadline = None
+        if self.transport.get_write_buffer_size():  # still behind: its replies are dropped, the app's send returns
+            self._cut()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's idle close, cut after ABORT_AFTER if the client does not read the last reply."""
+        if not self.transport.is_closing():
+            self._close()
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -171,20 +208,18 @@ class GuardedProtocol(H11Protocol):
         else:
             self._refuse(408, read_timeout_message(self.limits.read_timeout))
 
-    def _make_room(self) -> None:
-        """Past max_connections, close the longest-idle connections without a request in progress."""
+    def _make_room(self) -> bool:
+        """Past max_connections, close the longest-idle connections with nothing to read; whether there is room.
+        A connection whose request still waits unread in the kernel is not idle: it came in the same burst."""
         others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         excess = len(others) + 1 - self.limits.max_connections
         if excess <= 0:
-            return
-        idle = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
-        for c in idle[:excess]:
+            return True
+        waiting = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
+        idle = list(islice((c for c in waiting if not c.unread()), excess))
+        for c in idle:
             c._close()
-        if len(idle) < excess:
-            self._refuse(
-                503,
-                f"too many connections: {len(others)} are open, each with a request in progress; try again in a moment",
-            )
+        return len(idle) == excess
 
     def _refuse(self, status: int, message: str) -> None:
         self.transport.write(raw_refusal(status, message))
@@ -193,7 +228,15 @@ class GuardedProtocol(H11Protocol):
     def _close(self) -> None:
         self._disarm()
         self.transport.close()
-        self.loop.call_later(ABORT_AFTER, self.transport.abort)  # if the client does not read the last reply
+        self.loop.call_later(ABORT_AFTER, self._cut)  # if the client does not read the last reply
+
+    def _cut(self) -> None:
+        """Close now, dropping what the client has not read, the kernel's copy too (a reset, not a FIN)."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.fileno() != -1:  # -1: closed already, all sent
+            with suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
 
 def make_server(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Server:

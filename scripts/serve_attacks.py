@@ -1,0 +1,152 @@
+"""Clients of scripts/serve_flood.py that read their replies slowly or never, and a burst of clients at once.
+
+    attackers, measured = slow_readers(port, slow=66, never=66, copies=3000, rate=15000, during=normal_client)
+    outcomes = burst(port, clients=300, each=3, request=b"POST /translate HTTP/1.1\\r\\n...")
+
+slow_readers opens `slow` connections that pipeline `copies` GET /static/serve.js (about 6 KB a reply) at once
+and read about `rate` bytes a second, and `never` that pipeline the same and never read; it runs `during()`
+meanwhile (a normal client) and says, per kind, how many the server cut and when (seconds after opening).
+burst starts `clients` threads at once, each sending `each` requests one after another, each on a new
+connection (Connection: close), and counts what came back: a status line, a reset, or a close without reply.
+Linux: a never-reading connection's end is read from TCP_INFO (the kernel's state of the socket).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import suppress
+
+STATIC = b"GET /static/serve.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+TCP_ESTABLISHED = 1  # the first byte of struct tcp_info: the socket's state
+
+
+def pipelining(port: int, copies: int) -> socket.socket:
+    """A connection that sends `copies` GET /static/serve.js at once, from a thread (the server reads them as it
+    answers); the thread ends when all are sent or the server cuts the connection."""
+    sock = socket.create_connection(("127.0.0.1", port))
+
+    def send() -> None:
+        with suppress(OSError):
+            sock.sendall(STATIC * copies)
+
+    threading.Thread(target=send, daemon=True).start()
+    return sock
+
+
+def established(sock: socket.socket) -> bool:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == TCP_ESTABLISHED
+
+
+def seconds_summary(times: list[float]) -> dict | None:
+    if not times:
+        return None
+    return {"min": round(min(times), 1), "median": round(statistics.median(times), 1), "max": round(max(times), 1)}
+
+
+def slow_readers(
+    port: int, slow: int, never: int, copies: int, rate: float, during: Callable[[], dict]
+) -> tuple[dict, dict]:
+    """Open the attackers, run `during()` meanwhile, then close them; (what the server did to each kind, what
+    `during` returned)."""
+    kinds = {kind: [pipelining(port, copies) for _ in range(n)] for kind, n in (("slow", slow), ("never", never))}
+    opened, cut, read = time.monotonic(), {}, Counter()
+    stop = threading.Event()
+
+    def watch() -> None:  # every 0.1 s: each slow reader reads rate / 10 bytes; a cut one reads b"" or a reset
+        while not stop.is_set():
+            for sock in kinds["slow"]:
+                if sock in cut:
+                    continue
+                try:
+                    data = sock.recv(max(1, int(rate / 10)))
+                except OSError:
+                    data = b""
+                read[sock] += len(data)
+                if not data:
+                    cut[sock] = time.monotonic() - opened
+            for sock in kinds["never"]:
+                if sock not in cut and not established(sock):
+                    cut[sock] = time.monotonic() - opened
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    measured = during()
+    stop.set()
+    watcher.join()
+    lasted = time.monotonic() - opened
+    summary = {}
+    for kind, socks in kinds.items():
+        summary[kind] = {
+            "connections": len(socks),
+            "cut_by_the_server": sum(s in cut for s in socks),
+            "cut_after_s": seconds_summary([cut[s] for s in socks if s in cut]),
+            "held_s": round(lasted, 1),
+        }
+        if kind == "slow" and socks:  # each one's rate while it was open
+            rates = [read[s] / cut.get(s, lasted) / 1000 for s in socks]
+            summary[kind]["read_kb_per_s_median"] = round(statistics.median(rates), 1)
+        for sock in socks:
+            sock.close()
+    return summary, measured
+
+
+def one_request(port: int, request: bytes) -> str:
+    """What came back for `request` on a new connection: its status line, and for a refusal the start of its
+    {"error": ...} with numbers as N ("HTTP/1.1 503 Service Unavailable: busy: N requests are being
+    translated"), or "reset", or "closed without reply"."""
+    sock = socket.socket()
+    try:
+        sock.settimeout(60)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request)
+        said = b""
+        while data := sock.recv(65536):
+            said += data
+    except ConnectionResetError:
+        return "reset"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        sock.close()
+    head, _, body = said.partition(b"\r\n\r\n")
+    if not head:
+        return "closed without reply"
+    status = head.split(b"\r\n", 1)[0].decode("latin-1")
+    try:
+        error = json.loads(body).get("error")
+    except ValueError:
+        return f"{status} (not JSON)"
+    return f"{status}: {re.sub(r'[0-9]+', 'N', error.split(';')[0])}" if error else status
+
+
+def burst(port: int, clients: int, each: int, request: bytes) -> dict:
+    """`clients` threads released at once, each sending `request` `each` times, one after another."""
+    outcomes, lock, start = Counter(), threading.Lock(), threading.Barrier(clients)
+
+    def client() -> None:
+        start.wait()
+        for _ in range(each):
+            said = one_request(port, request)
+            with lock:
+                outcomes[said] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {
+        "clients": clients,
+        "requests_each": each,
+        "seconds": round(time.monotonic() - began, 1),
+        "outcomes": dict(outcomes.most_common()),
+    }
