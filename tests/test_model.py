@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from nmt.cli.common import CONFIG_DIR, build_model_config, compose_config, load_
 from nmt.cli.schema import schema_of
 from nmt.data import TokenizerSettings, collate
 from nmt.decoder import active_rows
+from nmt.device_plan import CPU, imposed
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
 from nmt.kernels.stepweight import StepMatrix, StepWeight
@@ -1010,13 +1012,17 @@ def test_real_config_real_batches(attention, bible, bible_data_dir):
     assert eval_loss() < before
 
 
-@pytest.mark.parametrize("rows", [8, 64])
+@pytest.mark.parametrize("rows", [8, 64, None])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, rows, monkeypatch):
-    """The written-out smoothed cross-entropy, computed in pieces of `rows` (8: 7 uneven pieces):
-    F.cross_entropy's value and gradient, with and without autograd."""
-    monkeypatch.setattr("nmt.loss.LOSS_CHUNK_ROWS", rows)
+def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, rows):
+    """The written-out smoothed cross-entropy, computed in pieces of `rows` (8: 7 uneven pieces; None: one piece,
+    as on a GPU): F.cross_entropy's value and gradient, with and without autograd."""
+    with imposed(replace(CPU.work, loss_rows=rows)):
+        _check_token_loss(dtype, eps)
+
+
+def _check_token_loss(dtype, eps):
     logits = (torch.randn(50, 30) * 3).to(dtype).requires_grad_()
     target = torch.randint(0, 30, (50,))
     target[::7] = PAD_ID
