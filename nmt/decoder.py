@@ -188,18 +188,27 @@ class Decoder(nn.Module):
         values: Tensor,
         mask: Tensor,
         rows: Tensor | None = None,
+        tgt_lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Teacher forcing: tgt_in (B, T) -> (logits (B, T, V), weights (B, T, S)).
 
         With `rows` (N,), flat indices into the B x T positions (nmt.loss.loss_rows), the output layer runs
-        on those positions only and the logits are (N, V), in the order of `rows`."""
-        attn_h, weights = self._attentional_states(tgt_in, state, keys, values, mask)  # (B, T, H), (B, T, S)
+        on those positions only and the logits are (N, V), in the order of `rows`. `tgt_lengths` (B,), on the
+        host, the targets' lengths (nmt.data.Batch): the loop's rows are then counted from them (active_rows),
+        with nothing read back from tgt_in's device."""
+        attn_h, weights = self._attentional_states(tgt_in, state, keys, values, mask, tgt_lengths)
         if rows is not None:
             attn_h = attn_h.reshape(-1, attn_h.size(-1)).index_select(0, rows)  # (N, H)
         return self.output(attn_h), weights
 
     def _attentional_states(
-        self, tgt_in: Tensor, state: DecoderState, keys: Tensor, values: Tensor, mask: Tensor
+        self,
+        tgt_in: Tensor,
+        state: DecoderState,
+        keys: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        tgt_lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """h~_t for every step, teacher-forced: tgt_in (B, T) -> (h~ (B, T, H), weights (B, T, S))."""
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
@@ -218,7 +227,7 @@ class Decoder(nn.Module):
         keys, values = self.attention.for_steps(keys, values, step_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
         multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None else 1
-        active = active_rows(tgt_in, multiple)  # rows computed at each step (B while no sentence has ended)
+        active = active_rows(tgt_in, multiple, tgt_lengths)  # rows computed at each step (B while none has ended)
         x0_all = self._inputs(emb, params)  # (B, T, 4H)
         if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
             loop = decoder_loop(
@@ -250,15 +259,17 @@ class Decoder(nn.Module):
 STEP_ROW_MULTIPLE = 8  # under autocast, rows per step rounded up to this: a few matmul shapes (nmt.shapes)
 
 
-def active_rows(tgt_in: Tensor, multiple: int = 1) -> list[int]:
+def active_rows(tgt_in: Tensor, multiple: int = 1, lengths: Tensor | None = None) -> list[int]:
     """How many sentences (rows) the teacher-forced loop computes at each of the T steps of tgt_in (B, T).
 
     Where the target lengths do not grow down the batch (the training sampler sorts each batch so), the
     sentences still being decoded at step t are the first n_t rows: the loop computes those only, n_t
     rounded up to a multiple of `multiple` (at most B), and the positions after a sentence's end get no
-    output. Otherwise every row at every step."""
+    output. Otherwise every row at every step. The lengths are counted in tgt_in, or given (B,) on the host."""
     B, T = tgt_in.shape
-    lengths = (tgt_in != PAD_ID).sum(dim=1).tolist()  # BOS and the target but its last piece: its length
+    if lengths is None:
+        lengths = (tgt_in != PAD_ID).sum(dim=1)  # BOS and the target but its last piece: its length
+    lengths = lengths.tolist()
     if any(a < b for a, b in zip(lengths, lengths[1:], strict=False)):
         return [B] * T
     rows, n = [], B

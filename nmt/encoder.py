@@ -17,9 +17,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, invert_permutation, pack_padded_sequence, pad_packed_sequence
 
 from nmt.device import run_lstm
+from nmt.device_plan import to_device
 from nmt.dropout import Dropout
 from nmt.self_attention import SelfAttentionStack
 from nmt.special import PAD_ID
@@ -78,16 +79,16 @@ class Encoder(nn.Module):
         B, S = src.shape
         mask = src != PAD_ID  # (B, S)
         x = self.dropout(self.embed(src))  # (B, S, E)
-        n_lengths = len(set(lengths.tolist()))
-        if n_lengths == 1 and int(lengths[0]) == S:
+        listed = lengths.tolist()  # on the host: nothing is read back from a device
+        n_lengths = len(set(listed))
+        if n_lengths == 1 and listed[0] == S:
             # every sentence fills the batch: no packing needed (and the faster LSTM kernel applies)
             states, (h, c) = run_lstm(self.rnn, x)
         elif x.device.type == "cpu" and n_lengths <= MAX_LENGTH_GROUPS:
             states, (h, c) = self._by_length(x, lengths)
         else:
-            packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-            packed_states, (h, c) = self.rnn(packed)
-            states, _ = pad_packed_sequence(packed_states, batch_first=True, total_length=S)  # (B, S, D)
+            packed_states, (h, c) = self.rnn(_pack(x, lengths.cpu()))
+            states = _unpack(packed_states, S)  # (B, S, D)
         # contiguous once here: the unpacked LSTM's batch_first output is a transposed (S, B, D) buffer, and a
         # decoder step's kernel (nmt.kernels.attention_step) or search step would otherwise copy it at every step
         states = self.dropout(states.contiguous())
@@ -101,7 +102,7 @@ class Encoder(nn.Module):
     def _summary(self, states: Tensor, lengths: Tensor) -> Tensor:
         """(B, D) read from `states` (B, S, D) where the LSTM's final states stand: the forward half at the last
         real token, the backward half at the first."""
-        last = (lengths.to(states.device) - 1).clamp(min=0)  # (B,)
+        last = (to_device(lengths, states.device) - 1).clamp(min=0)  # (B,)
         at_last = states[torch.arange(states.size(0), device=states.device), last]  # (B, D)
         if self.directions == 1:
             return at_last
@@ -133,3 +134,20 @@ class Encoder(nn.Module):
         LD, B, H = h.shape
         h = h.view(self.num_layers, self.directions, B, H)  # (L, dirs, B, H)
         return h.transpose(1, 2).reshape(self.num_layers, B, self.directions * H)  # (L, B, D)
+
+
+def _pack(x: Tensor, lengths: Tensor) -> PackedSequence:
+    """pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False), the same sequence, with its
+    order (from `lengths`, on the host) copied to x's device without waiting (nmt.device_plan.to_device): torch's
+    own copy waits for the device, a host synchronisation in a GPU's training step."""
+    lengths, order = torch.sort(lengths, descending=True)  # as pack_padded_sequence sorts
+    order = to_device(order, x.device)
+    packed = pack_padded_sequence(x.index_select(0, order), lengths, batch_first=True)
+    return PackedSequence(packed.data, packed.batch_sizes, order, invert_permutation(order))
+
+
+def _unpack(packed: PackedSequence, S: int) -> Tensor:
+    """pad_packed_sequence(packed, batch_first=True, total_length=S)'s padded (B, S, D) alone: torch's also
+    reorders the lengths with a copy of the order back to the host, which waits for a GPU."""
+    in_order = PackedSequence(packed.data, packed.batch_sizes)  # longest first, as packed
+    return pad_packed_sequence(in_order, batch_first=True, total_length=S)[0].index_select(0, packed.unsorted_indices)

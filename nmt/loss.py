@@ -11,7 +11,12 @@ loss's passes over V): rows = loss_rows(batch.tgt_out) lists the positions to sc
 
 gives the same loss. N is the real tokens rounded up to a multiple of LOSS_ROW_MULTIPLE with padded
 positions (which the loss ignores), so that batches share a few row counts: on a CPU with bf16 hardware
-every new matmul shape costs a kernel compilation (nmt/memory.py).
+every new matmul shape costs a kernel compilation (nmt/memory.py). `rows_of_lengths` gives the same rows from
+the batch's target lengths, on the host: nothing is read back from the device (a GPU's step then never waits).
+
+The training step, which knows its token count from the batch, takes `loss_sum` (token_loss without the count).
+How many rows one call of the loss takes is the device's choice (nmt.device_plan: cache-sized pieces on a CPU,
+all rows at once on a GPU).
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.device_plan import work_sizes
 from nmt.shapes import ROW_MULTIPLE, padded_count
 from nmt.special import PAD_ID
 
 LOSS_ROW_MULTIPLE = ROW_MULTIPLE  # loss_rows: row counts rounded up to this (a few shapes rather than one per batch)
-LOSS_CHUNK_ROWS = 16  # target tokens per piece: an fp32 piece of the logits (512 KiB at 8k pieces) stays in cache
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -33,9 +38,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     the same value as F.cross_entropy(..., label_smoothing=eps, reduction="sum"). Written out because its
     gradient is one expression, softmax(x) - (1 - eps) onehot(y) - eps / V, computed in place, where
     autograd's log_softmax/nll path takes about twice as many passes over the logits. Both directions work
-    through the logits LOSS_CHUNK_ROWS rows at a time: each piece is converted to fp32 in a small buffer
-    that stays in cache, so no fp32 copy of the (N, V) logits (tens of megabytes, written to fresh pages)
-    is ever made. Everything is computed in fp32, whatever the dtype of the logits.
+    through the logits in pieces of the device's loss_rows (nmt.device_plan): on a CPU 16 rows, each converted
+    to fp32 in a small buffer that stays in cache, so no fp32 copy of the (N, V) logits (tens of megabytes,
+    written to fresh pages) is ever made; on a GPU all rows in one piece, a few operators whatever the batch.
+    Everything is computed in fp32, whatever the dtype of the logits.
     """
 
     @staticmethod
@@ -44,8 +50,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         N, V = logits.shape
         lse, picked = logits.new_empty(N, dtype=torch.float32), logits.new_empty(N, dtype=torch.float32)
         mean = logits.new_empty(N, dtype=torch.float32) if eps else None
-        for r0 in range(0, N, LOSS_CHUNK_ROWS):
-            r1 = min(N, r0 + LOSS_CHUNK_ROWS)
+        piece = work_sizes(logits.device).loss_rows or max(N, 1)
+        for r0 in range(0, N, piece):
+            r1 = min(N, r0 + piece)
             x = logits[r0:r1].float()  # (rows, V)
             torch.logsumexp(x, dim=-1, out=lse[r0:r1])
             torch.gather(x, 1, target[r0:r1, None], out=picked[r0:r1, None])
@@ -64,8 +71,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps, (N, V) = ctx.eps, logits.shape
         scale = grad * real  # (N,)
         out = torch.empty_like(logits)
-        for r0 in range(0, N, LOSS_CHUNK_ROWS):
-            r1 = min(N, r0 + LOSS_CHUNK_ROWS)
+        piece = work_sizes(logits.device).loss_rows or max(N, 1)
+        for r0 in range(0, N, piece):
+            r1 = min(N, r0 + piece)
             g = torch.sub(logits[r0:r1], lse[r0:r1, None]).exp_()  # (rows, V) fp32: the softmax
             if eps:
                 g.sub_(eps / V)
@@ -80,10 +88,14 @@ def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> 
     Divide the sum by the count (over a whole accumulated batch) for the per-token loss.
     Computed in fp32 whatever the autocast dtype.
     """
-    V = logits.size(-1)
-    logits, target = logits.reshape(-1, V), target.reshape(-1)
     n_real = int((target != PAD_ID).sum())
-    return _SmoothedCrossEntropy.apply(logits, target, float(label_smoothing)), n_real
+    return loss_sum(logits, target, label_smoothing), n_real
+
+
+def loss_sum(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """token_loss's sum alone, with no count read from the device: logits (..., V), target (...) -> () fp32."""
+    V = logits.size(-1)
+    return _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target.reshape(-1), float(label_smoothing))
 
 
 def loss_rows(target: Tensor, multiple: int = LOSS_ROW_MULTIPLE) -> Tensor:
@@ -94,3 +106,12 @@ def loss_rows(target: Tensor, multiple: int = LOSS_ROW_MULTIPLE) -> Tensor:
     n_real = flat.numel() - int(padding.sum())
     n = min(flat.numel(), padded_count(n_real, multiple))
     return torch.argsort(padding, stable=True)[:n].sort().values
+
+
+def rows_of_lengths(lengths: Tensor, T: int, multiple: int = LOSS_ROW_MULTIPLE) -> Tensor:
+    """loss_rows of a target (B, T) whose sentence b has lengths[b] real tokens and padding after them, from the
+    lengths (B,) alone: on the host, without the target's values."""
+    real = (torch.arange(T) < lengths[:, None]).reshape(-1)  # (B T,)
+    n_real = int(lengths.sum())
+    n = min(real.numel(), padded_count(n_real, multiple))
+    return torch.cat([real.nonzero().flatten(), (~real).nonzero().flatten()[: n - n_real]]).sort().values

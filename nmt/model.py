@@ -118,9 +118,16 @@ class Seq2Seq(nn.Module):
         return enc, keys, values, self.decoder.init_state(enc)
 
     def forward(
-        self, src: Tensor, lengths: Tensor, tgt_in: Tensor, rows: Tensor | None = None
+        self,
+        src: Tensor,
+        lengths: Tensor,
+        tgt_in: Tensor,
+        rows: Tensor | None = None,
+        tgt_lengths: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Teacher-forced logits (B, T, V) and attention weights (B, T, S); with `rows` (N,) the logits of
-        those flat target positions only, (N, V) (nmt.loss.loss_rows: the loss's positions)."""
+        those flat target positions only, (N, V) (nmt.loss.loss_rows: the loss's positions). `lengths` and
+        `tgt_lengths` (B,), on the host: the sources' and targets' real lengths (tgt_lengths: counted from
+        tgt_in when not given)."""
         enc, keys, values, state = self.encode(src, lengths)
-        return self.decoder(tgt_in, state, keys, values, enc.mask, rows)
+        return self.decoder(tgt_in, state, keys, values, enc.mask, rows, tgt_lengths)

@@ -33,15 +33,18 @@ from tqdm import tqdm
 
 from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
-from nmt.data import PreparedData, TokenBatchSampler, collate, padding_overhead, tokenizer_fingerprints
+from nmt.data import PreparedData, TokenBatchSampler, padding_overhead, tokenizer_fingerprints
 from nmt.device import precision_choice, provenance
+from nmt.device_plan import DevicePlan, choose_plan, imposed
 from nmt.errors import NMTError
+from nmt.feed import BatchFeed
 from nmt.kernels.compiled import choose_kernels, set_kernels
-from nmt.loss import loss_rows, token_loss
+from nmt.loss import loss_sum
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
 from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds, resumable
 from nmt.rundir import TensorBoard, keep_best, write_summary, write_text
+from nmt.step_numbers import StepNumbers
 from nmt.tokenizer import Tokenizer
 from nmt.validation import evaluate_split
 
@@ -175,6 +178,10 @@ class Trainer:
         why = choose_kernels(config.kernels, self.device)[1]
         self.kernels = set_kernels(config.kernels, self.device).value  # resolved (nmt.kernels.compiled)
         log.info("kernels: %s (%s)", self.kernels, why)
+        plan, why = choose_plan(self.device)
+        log.info("device plan: %s", why)
+        self.use_plan(plan)
+        self._epoch_groups: list[list[list[int]]] = []  # this epoch's groups (_groups): what the feed prepares ahead
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0
         self.elapsed = 0.0
@@ -193,6 +200,11 @@ class Trainer:
         self._resume_changes: list[Change] = []  # this process's resume's, for TensorBoard
 
     # ------------------------------------------------------------------------------------------ setup
+    def use_plan(self, plan: DevicePlan) -> None:
+        """Train with `plan` (nmt.device_plan): how a step's work is cut, how its batches are fed, and when its
+        numbers are read."""
+        self.plan, self.feed, self.numbers = plan, BatchFeed(plan, self.device), StepNumbers(plan.deferred_checks)
+
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.optim_cfg
         kind = {Optimizer.adam: torch.optim.Adam, Optimizer.adamw: torch.optim.AdamW}[o.name]
@@ -265,7 +277,7 @@ class Trainer:
             "history": self.history,
             "rng": rng,
             "world_size": self.world_size,
-            "window": {k: v for k, v in self.window.items() if k != "time"},
+            "window": {k: float(v) if k == "loss" else v for k, v in self.window.items() if k != "time"},
             "exactness": self.facts(),
             "resumes": self.resumes,
             "resumed_with_changes": self.resumed_with_changes,
@@ -538,33 +550,33 @@ class Trainer:
             int(sum(int(self.train_split.tgt_lengths[b].sum()) for b in glob[i : i + n]))
             for i in range(0, len(glob), n)
         ]
-        return [local[i : i + n] for i in range(0, len(local), n)]
+        self._epoch_groups = [local[i : i + n] for i in range(0, len(local), n)]
+        return self._epoch_groups
 
-    def _train_step(self, group: list[list[int]]) -> tuple[float | None, int, int]:
-        """One optimizer step over `group`; returns (summed loss, tokens, sentences) or (None, ...) if skipped."""
+    def _train_step(self, group: list[list[int]]) -> tuple[float | torch.Tensor | None, int, int]:
+        """One optimizer step over `group`; returns (summed loss, tokens, sentences) or (None, ...) if skipped.
+        The loss is a float, or a 0-dim device tensor where the plan reads it only when logging (nmt.step_numbers).
+        """
         self.model.train()
         total_tokens = self._group_tokens[self.batch_pos]
         self._set_lr()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_total, n_tok, n_sent = torch.zeros((), device=self.device), 0, 0
-        for batch_idx in group:
-            batch = collate(self.train_split, batch_idx)
-            if self.device.type == "cuda":
-                batch = batch.pin_memory()
-            batch = batch.to(self.device, non_blocking=True)
-            rows = loss_rows(batch.tgt_out)  # the real target positions (and a few padded ones): (N,)
-            with self.autocast():
-                logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, rows)  # (N, V)
-            loss_sum, n = token_loss(logits, batch.tgt_out.reshape(-1)[rows], self.cfg.label_smoothing)
-            # DDP averages gradients over ranks; scaling by world_size makes that a sum over the global batch
-            (loss_sum * self.world_size / total_tokens).backward()
-            loss_total += loss_sum.detach()
-            n_tok += n
-            n_sent += len(batch_idx)
+        loss_total, n_sent = torch.zeros((), device=self.device), 0
+        upcoming = self._epoch_groups[self.batch_pos + 1 : self.batch_pos + 1 + self.plan.prefetch]
+        with imposed(self.plan.work):  # the loss's and the energy's pieces (nmt.device_plan)
+            # each batch on the device with its loss rows, the real target positions and a few padded ones: (N,)
+            for batch, rows in self.feed.take(self.train_split, group, upcoming):
+                with self.autocast():
+                    logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths)
+                loss = loss_sum(logits, batch.tgt_out.reshape(-1)[rows], self.cfg.label_smoothing)  # logits (N, V)
+                # DDP averages gradients over ranks; scaling by world_size makes that a sum over the global batch
+                (loss * self.world_size / total_tokens).backward()
+                loss_total += loss.detach()
+                n_sent += len(batch.indices)
         if self.world_size > 1:
             dist.all_reduce(loss_total)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.clip_norm)
-        if not (torch.isfinite(loss_total) and torch.isfinite(grad_norm)):
+        if not self.numbers.admit(self.optimizer, loss_total, grad_norm):
             self._bad_steps = getattr(self, "_bad_steps", 0) + 1
             log.warning("step %d: non-finite loss or gradient; skipped (%d in a row)", self.step + 1, self._bad_steps)
             self.optimizer.zero_grad(set_to_none=True)
@@ -576,10 +588,12 @@ class Trainer:
             return None, 0, 0
         self._bad_steps = 0
         self.optimizer.step()
-        self._last_grad_norm = float(grad_norm)
-        return float(loss_total), total_tokens, n_sent * self.world_size
+        self._last_grad_norm = self.numbers.value(grad_norm)
+        return self.numbers.value(loss_total), total_tokens, n_sent * self.world_size
 
     def _log_train(self, window: dict, bar: tqdm) -> None:
+        self.numbers.check(self.cfg.max_bad_steps, self.step)  # a plan that reads the step's numbers only now
+        window["loss"], self._last_grad_norm = float(window["loss"]), float(self._last_grad_norm)
         now = time.time()
         loss = window["loss"] / window["tokens"]
         tps = window["tokens"] / max(now - window["time"], 1e-9)

@@ -148,7 +148,34 @@ def test_collate_shifts_target_and_pads():
     assert batch.src.tolist() == [[7, 8, EOS_ID], [9, EOS_ID, PAD_ID]]
     assert batch.tgt_in.tolist() == [[BOS_ID, 10, 11], [BOS_ID, 12, PAD_ID]]
     assert batch.tgt_out.tolist() == [[10, 11, EOS_ID], [12, EOS_ID, PAD_ID]]
-    assert batch.n_tokens == 5 and batch.src_lengths.tolist() == [3, 2]
+    assert batch.n_tokens == 5 and batch.src_lengths.tolist() == [3, 2] and batch.tgt_lengths.tolist() == [3, 2]
+
+
+def test_collate_pads_as_one_sentence_at_a_time_would():
+    """collate's tensor operations give what padding each sentence in turn gives, for any lengths and order."""
+    g = torch.Generator().manual_seed(3)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(4, 50, (n,), generator=g).tolist() + [EOS_ID]
+
+    lengths = torch.randint(0, 30, (300, 2), generator=g).tolist()
+    split = EncodedSplit([ids(s) for s, _ in lengths], [ids(t) for _, t in lengths])
+    for size in (1, 2, 17, 300):
+        indices = torch.randperm(300, generator=g)[:size].tolist()
+        batch = collate(split, indices)
+        srcs, tgts = [split.source(i) for i in indices], [split.target(i) for i in indices]
+        S, T = max(map(len, srcs)), max(map(len, tgts))
+        src, tgt_in, tgt_out = (torch.full((size, n), PAD_ID) for n in (S, T, T))
+        for b, (s, t) in enumerate(zip(srcs, tgts, strict=True)):
+            src[b, : len(s)], tgt_out[b, : len(t)], tgt_in[b, : len(t)] = (
+                s,
+                t,
+                torch.cat([torch.tensor([BOS_ID]), t[:-1]]),
+            )
+        assert torch.equal(batch.src, src) and torch.equal(batch.tgt_in, tgt_in) and torch.equal(batch.tgt_out, tgt_out)
+        assert batch.src.dtype == batch.tgt_in.dtype == torch.long and batch.indices.tolist() == indices
+        assert batch.src_lengths.tolist() == list(map(len, srcs)) and batch.tgt_lengths.tolist() == list(map(len, tgts))
+        assert batch.n_tokens == sum(map(len, tgts))
 
 
 def _small_corpus(seed: int = 1) -> Corpus:

@@ -1,10 +1,13 @@
 """The fused additive energy (nmt.kernels.energy) computes the plain form's numbers and gradients."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 import nmt.kernels.compiled as compiled_module
 import nmt.kernels.energy as energy
+from nmt.device_plan import CPU, imposed
 from nmt.errors import ConfigError
 from nmt.kernels.compiled import set_kernels
 from nmt.kernels.energy import additive_energy
@@ -17,10 +20,16 @@ def plain(q, keys, v):
 SHAPES = [(3, 1, 5, 7), (4, 6, 9, 8), (2, 3, 700, 600), (5, 1, 700, 600), (7, 2, 31, 16)]
 
 
+@pytest.fixture
+def small_pieces():
+    """The energy in pieces of 4,096 elements (nmt.device_plan): many pieces, uneven ones among them."""
+    with imposed(replace(CPU.work, energy_elements=4096)):
+        yield
+
+
 @pytest.mark.parametrize("B,T,S,A", SHAPES)
 @pytest.mark.parametrize("needs", [(True, True, True), (True, False, True), (False, True, False)])
-def test_energy_and_gradients_equal_the_plain_form(B, T, S, A, needs, monkeypatch):
-    monkeypatch.setattr(energy, "CHUNK_ELEMENTS", 4096)  # many pieces, uneven ones among them
+def test_energy_and_gradients_equal_the_plain_form(B, T, S, A, needs, small_pieces):
     g = torch.Generator().manual_seed(B * 1000 + S)
     q, keys, v = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((B, T, A), (B, S, A), (A,)))
     for x, need in zip((q, keys, v), needs, strict=True):
@@ -41,10 +50,9 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(lambda q, k, v: energy._AdditiveEnergy.apply(q, k, v, None), args)
 
 
-def test_fp32_energy_is_close_to_exact_tanh_saturated_inputs_included(monkeypatch):
+def test_fp32_energy_is_close_to_exact_tanh_saturated_inputs_included(small_pieces):
     """The fp32 energy (tanh as 2 sigmoid(2x) - 1) and its gradients stay close to the fp64 plain form, also
     where tanh saturates (|q + k| up to ~60) and where it is near 0."""
-    monkeypatch.setattr(energy, "CHUNK_ELEMENTS", 4096)
     g = torch.Generator().manual_seed(2)
     q, keys = torch.randn(3, 4, 16, generator=g) * 20, torch.randn(3, 9, 16, generator=g) * 20
     keys[0] = -q[0, 0]  # q + k = 0 exactly for the first sentence's first step
@@ -73,10 +81,9 @@ def test_fp32_under_bf16_autocast():
 
 
 @pytest.mark.parametrize("B,T,S,A", [(3, 4, 7, 5), (5, 3, 700, 600)])
-def test_step_keys_sum_the_keys_gradient_over_steps(B, T, S, A, monkeypatch):
+def test_step_keys_sum_the_keys_gradient_over_steps(B, T, S, A, small_pieces):
     """A decoder loop scores the same keys once per step: with the keys handed over as StepKeys the steps add
     their parts of the keys' gradient in place, giving what autograd's per-step gradients add up to."""
-    monkeypatch.setattr(energy, "CHUNK_ELEMENTS", 4096)
     g = torch.Generator().manual_seed(T * 100 + S)
     keys = torch.randn(B, S, A, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(A, generator=g, dtype=torch.float64, requires_grad=True)

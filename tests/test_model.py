@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from nmt.cli.common import CONFIG_DIR, build_model_config, compose_config, load_
 from nmt.cli.schema import schema_of
 from nmt.data import TokenizerSettings, collate
 from nmt.decoder import active_rows
+from nmt.device_plan import CPU, imposed
 from nmt.encoder import Encoder
 from nmt.errors import ConfigError
 from nmt.kernels.stepweight import StepMatrix, StepWeight
@@ -372,6 +374,31 @@ def test_encoder_by_length_groups_gives_the_packed_lstm_result(monkeypatch, leng
         torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_the_packed_encoder_packs_and_unpacks_as_torch_does():
+    """The packed path's own packing (its order copied to the device without waiting, no lengths copied back):
+    bitwise what pack_padded_sequence(enforce_sorted=False) and pad_packed_sequence give, gradients included."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from nmt.encoder import _pack, _unpack
+
+    rnn = nn.LSTM(EMBED, ENC_HIDDEN, batch_first=True, bidirectional=True)
+    x = torch.randn(6, 9, EMBED, requires_grad=True)
+    lengths = torch.tensor([4, 9, 2, 9, 7, 1])
+
+    def run(pack, unpack) -> list[torch.Tensor]:
+        packed_states, (h, c) = rnn(pack(x, lengths))
+        states = unpack(packed_states)  # (B, 11, D)
+        return [states, h, c, *torch.autograd.grad(states.pow(2).sum() + h.sum(), [x, *rnn.parameters()])]
+
+    ours = run(_pack, lambda packed: _unpack(packed, 11))
+    torchs = run(
+        lambda x, n: pack_padded_sequence(x, n, batch_first=True, enforce_sorted=False),
+        lambda packed: pad_packed_sequence(packed, batch_first=True, total_length=11)[0],
+    )
+    for a, b in zip(ours, torchs, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
 @pytest.mark.parametrize("name, query, options", VARIANTS)
@@ -408,6 +435,10 @@ def test_active_rows_counts_the_sentences_not_yet_ended():
     assert active_rows(tgt_in, multiple=8) == [11, 11, 11, 8, 8, 8, 8, 8, 8]  # rounded up, at most B
     _, _, unsorted, _ = make_batch([3] * 3, [3, 2, 5])
     assert active_rows(unsorted) == [3] * 5  # a longer target after a shorter one: every row at every step
+    for batch in (tgt_in, unsorted):  # the lengths given from the host count alike
+        host = (batch != PAD_ID).sum(dim=1)
+        assert active_rows(batch, 8, host) == active_rows(batch, 8)
+        assert active_rows(batch, 1, host) == active_rows(batch)
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
@@ -425,7 +456,7 @@ def test_the_loop_without_ended_sentences_gives_the_same_loss_and_gradients(name
         model.zero_grad()
         with pytest.MonkeyPatch.context() as mp:
             if not drop:
-                mp.setattr(decoder_module, "active_rows", lambda tgt_in, multiple=1: [tgt_in.size(0)] * tgt_in.size(1))
+                mp.setattr(decoder_module, "active_rows", lambda tgt_in, *_: [tgt_in.size(0)] * tgt_in.size(1))
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
                 logits, weights = model(src, lengths, tgt_in)
             loss, n = token_loss(logits.float(), tgt_out)
@@ -1010,13 +1041,17 @@ def test_real_config_real_batches(attention, bible, bible_data_dir):
     assert eval_loss() < before
 
 
-@pytest.mark.parametrize("rows", [8, 64])
+@pytest.mark.parametrize("rows", [8, 64, None])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, rows, monkeypatch):
-    """The written-out smoothed cross-entropy, computed in pieces of `rows` (8: 7 uneven pieces):
-    F.cross_entropy's value and gradient, with and without autograd."""
-    monkeypatch.setattr("nmt.loss.LOSS_CHUNK_ROWS", rows)
+def test_token_loss_equals_cross_entropy_with_its_gradient(dtype, eps, rows):
+    """The written-out smoothed cross-entropy, computed in pieces of `rows` (8: 7 uneven pieces; None: one piece,
+    as on a GPU): F.cross_entropy's value and gradient, with and without autograd."""
+    with imposed(replace(CPU.work, loss_rows=rows)):
+        _check_token_loss(dtype, eps)
+
+
+def _check_token_loss(dtype, eps):
     logits = (torch.randn(50, 30) * 3).to(dtype).requires_grad_()
     target = torch.randint(0, 30, (50,))
     target[::7] = PAD_ID

@@ -7,6 +7,8 @@ megabytes written to fresh memory (page faults included), read back, and held un
 forms q + k in one reused buffer of about a megabyte, applies tanh in place and reduces it with v, so the
 (B, T, S, A) tensor never exists. It saves only its inputs; the backward recomputes the tanh piece by piece
 (one more sigmoid, far cheaper than storing and re-reading it) and reduces it with matmuls where it can.
+The piece's size is the device's (nmt.device_plan): a megabyte, in cache, on a CPU; on a GPU, where each
+piece costs its operators' launches whatever its size, a whole decoder step in one piece.
 
 A decoder loop scores the same keys once per step (query = the previous state, or input feeding). Autograd
 would form a (B, S, A) keys gradient at every step and add them up; with the keys handed over as StepKeys
@@ -40,16 +42,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from nmt.device_plan import work_sizes
 from nmt.kernels.compiled import compiled
 from nmt.kernels.stepweight import StepWeight, share
 
-CHUNK_ELEMENTS = 1 << 18  # elements of one piece's (rows, S, A) buffer: 1 MiB in fp32, within a core's L2
 
-
-def _pieces(B: int, T: int, S: int, A: int, chunk: int | None = None):
-    """(b0, b1, t0, t1) blocks covering B x T with about `chunk` (default CHUNK_ELEMENTS) elements of (S, A)
-    work each."""
-    rows = max(1, (chunk or CHUNK_ELEMENTS) // (S * A))  # (sentence, step) rows per piece
+def _pieces(B: int, T: int, S: int, A: int, chunk: int):
+    """(b0, b1, t0, t1) blocks covering B x T with about `chunk` elements of (S, A) work each."""
+    rows = max(1, chunk // (S * A))  # (sentence, step) rows per piece
     tc = min(T, rows)
     bc = max(1, rows // tc)
     for b0 in range(0, B, bc):
@@ -57,10 +57,10 @@ def _pieces(B: int, T: int, S: int, A: int, chunk: int | None = None):
             yield b0, min(B, b0 + bc), t0, min(T, t0 + tc)
 
 
-def _buffer(q: Tensor, S: int) -> Tensor:
+def _buffer(q: Tensor, S: int, chunk: int) -> Tensor:
     """Room for the largest piece of _pieces (at least one (S, A) row, at most the whole B x T x S x A)."""
     B, T, A = q.shape
-    return q.new_empty(min(B * T * S * A, max(CHUNK_ELEMENTS, S * A)))
+    return q.new_empty(min(B * T * S * A, max(chunk, S * A)))
 
 
 def _sigmoids(buf: Tensor, q2: Tensor, keys: Tensor, b0: int, b1: int, t0: int, t1: int) -> Tensor:
@@ -180,10 +180,10 @@ class _AdditiveEnergy(torch.autograd.Function):
 def _eager_scores(scores: Tensor, q: Tensor, keys: Tensor, v: Tensor) -> None:
     """The scores (B, T, S) into `scores`, piece by piece through one reused buffer."""
     B, T, A = q.shape
-    S = keys.size(1)
-    buf, q2 = _buffer(q, S), 2 * q
+    S, chunk = keys.size(1), work_sizes(q.device).energy_elements
+    buf, q2 = _buffer(q, S, chunk), 2 * q
     v2, v_sum = 2 * v, v.sum()  # v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v)
-    for b0, b1, t0, t1 in _pieces(B, T, S, A):
+    for b0, b1, t0, t1 in _pieces(B, T, S, A, chunk):
         sig = _sigmoids(buf, q2, keys, b0, b1, t0, t1)  # (b, t, S, A)
         scores[b0:b1, t0:t1] = torch.mv(sig.view(-1, A), v2).sub_(v_sum).view(b1 - b0, t1 - t0, S)
 
@@ -191,9 +191,9 @@ def _eager_scores(scores: Tensor, q: Tensor, keys: Tensor, v: Tensor) -> None:
 def _eager_gradients(grad, q, keys, v, grad_q, g_sigma, sums) -> None:
     """Piece by piece: the sums over s are matmuls, the sums over t in-place additions (_KeySums)."""
     B, T, A = q.shape
-    S = keys.size(1)
-    buf, q2, v4 = _buffer(q, S), 2 * q, 4 * v
-    for b0, b1, t0, t1 in _pieces(B, T, S, A):
+    S, chunk = keys.size(1), work_sizes(q.device).energy_elements
+    buf, q2, v4 = _buffer(q, S, chunk), 2 * q, 4 * v
+    for b0, b1, t0, t1 in _pieces(B, T, S, A, chunk):
         sig = _sigmoids(buf, q2, keys, b0, b1, t0, t1)  # (b, t, S, A)
         g = grad[b0:b1, t0:t1]  # (b, t, S)
         if g_sigma is not None:

@@ -1,0 +1,68 @@
+"""Training batches on the device, with their loss rows, prepared ahead of the step where the device plan says so.
+
+    feed = BatchFeed(plan, device)
+    for batch, rows in feed.take(split, group, upcoming):   # group: a step's batches (lists of indices)
+        logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths)
+
+A batch is collated (nmt.data.collate) and its loss rows counted from its target lengths on the host
+(nmt.loss.rows_of_lengths), so nothing of it is read back from the device. On a GPU (DevicePlan.prefetch > 0)
+a background thread does this for the `upcoming` groups, into pinned memory, while the device computes; the
+training thread only starts their copies, which do not wait. On a CPU (prefetch 0) a group is prepared on the
+training thread when the step asks for it, as it always was: a thread would take a core from the step.
+Groups are matched by their sentences and split, so a new epoch, a resume or an unforeseen group is simply
+prepared then; what was prepared for groups no longer upcoming is dropped.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+
+from nmt.data import Batch, EncodedSplit, collate
+from nmt.device_plan import DevicePlan
+from nmt.loss import rows_of_lengths
+
+Prepared = list[tuple[Batch, Tensor]]  # a group's batches and their loss rows (N,), on the host
+
+
+class BatchFeed:
+    def __init__(self, plan: DevicePlan, device: torch.device):
+        self.plan, self.device = plan, device
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-feed") if plan.prefetch else None
+        self._ahead: dict[tuple, tuple[EncodedSplit, Future[Prepared]]] = {}
+
+    def take(self, split: EncodedSplit, group: list[list[int]], upcoming: list[list[list[int]]] = ()) -> Prepared:
+        """`group`'s batches of `split` and their loss rows, on the device (copies started, not waited for);
+        then, where the plan prefetches, the first `plan.prefetch` groups of `upcoming` are prepared meanwhile."""
+        ahead = self._ahead.pop(_key(group), None)
+        if ahead is not None and ahead[0] is split:
+            prepared = ahead[1].result()
+        else:
+            prepared = self._prepare(split, group)
+        if self._pool is not None:
+            wanted = {_key(g): g for g in upcoming[: self.plan.prefetch]}
+            for key in [k for k, (s, _) in self._ahead.items() if k not in wanted or s is not split]:
+                self._ahead.pop(key)[1].cancel()
+            for key, g in wanted.items():
+                if key not in self._ahead:
+                    self._ahead[key] = (split, self._pool.submit(self._prepare, split, g))
+        return [
+            (batch.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True))
+            for batch, rows in prepared
+        ]
+
+    def _prepare(self, split: EncodedSplit, group: list[list[int]]) -> Prepared:
+        prepared = []
+        for indices in group:
+            batch = collate(split, indices)
+            rows = rows_of_lengths(batch.tgt_lengths, batch.tgt_out.size(1))  # (N,) the loss's target positions
+            if self.plan.pin_memory:
+                batch, rows = batch.pin_memory(), rows.pin_memory()
+            prepared.append((batch, rows))
+        return prepared
+
+
+def _key(group: list[list[int]]) -> tuple:
+    return tuple(tuple(indices) for indices in group)

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Issue 49 on a GPU machine: today's code and the new side by side, the CUDA tests, and the GPU preset's BLEU.
+#
+# A GPU machine (../shared/docs/gpu.md) has torch with CUDA but no package index and no ../shared: prepare here,
+# run there, one script each way.
+#
+#   bash scripts/gpu_check.sh prepare [BASE]   # here: .device/ (git-ignored) with wheels, data and its cache
+#   bash scripts/gpu_check.sh run [STAGE ...]  # there, from the tree's root: writes $OUT/*.json (or .device/out)
+#
+# prepare builds wheels of today's code (BASE, default 4d8cc21: main when this work on issue 49 began) and of
+# HEAD (commit first: the wheel is built from HEAD, not from the working tree), downloads hydra-core, omegaconf
+# and antlr4 (a pure-Python wheel of each), copies the Multi30k files and prepares their SentencePiece cache, so
+# that neither code trains a tokenizer there (the cache is the same for both: nmt/data.py's key).
+# Everything goes under .device/ (a few MB): hand it over with the device tool's carry [".device"].
+#
+# run's stages, in this order by default, each writing its JSON as soon as it has it (so a run cut short by its
+# time limit keeps what it measured):
+#   steps  scripts/gpu_steps.py with today's code, then the new, at 2,000 and 16,000 tokens (about 4 minutes):
+#          steps_base.json, steps_new.json (sentences/s, ms a step, kernel launches, GPU-busy fraction, memory)
+#   tests  python -m pytest -m cuda tests/test_cuda.py with the new code (sync debug mode "error" around steps):
+#          tests.txt
+#   bleu   scripts/benchmark.py with experiment=multi30k_deen_gpu (150 s of training, greedy and beam 5 on
+#          test2016) with the new code (about 4 minutes): bleu_gpu_preset.json
+# A stage that fails is named in failures.txt and the next one runs. With the device tool (15 minutes of device
+# time, the machine's start included): command "bash scripts/gpu_check.sh run steps tests", carry [".device"],
+# timeout_s 420; then, if time is left, "bash scripts/gpu_check.sh run bleu" (timeout_s 360). Commit the JSON
+# under docs/benchmark/ (device: cuda).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prepare() {
+    local base=${1:-4d8cc21}
+    local dev=.device
+    local exclude
+    exclude=$(git rev-parse --git-path info/exclude)
+    grep -qx '/.device/' "$exclude" 2>/dev/null || echo /.device/ >>"$exclude"
+    rm -rf "$dev" && mkdir -p "$dev/whl/deps" "$dev/whl/base" "$dev/whl/new" "$dev/data" "$dev/src"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$dev/whl/deps" hydra-core==1.3.2 omegaconf==2.3.0
+    python3 -m pip wheel -q --no-deps -w "$dev/whl/deps" antlr4-python3-runtime==4.9.3 # an sdist only
+    for name in base new; do
+        local rev=$base
+        [ "$name" = new ] && rev=HEAD
+        mkdir -p "$dev/src/$name" && git archive "$rev" | tar -x -C "$dev/src/$name"
+        python3 -m pip wheel -q --no-deps -w "$dev/whl/$name" "$dev/src/$name"
+        git rev-parse "$rev" >"$dev/whl/$name/COMMIT"
+    done
+    rm -rf "$dev/src"
+    cp -r ../shared/data/multi30k "$dev/data/"
+    python3 -m nmt.cli.prepare experiment=multi30k_deen data.root="$dev/data/multi30k" paths.data_dir="$dev/data"
+    du -sh "$dev"
+    echo "prepared: base $(cat "$dev/whl/base/COMMIT"), new $(cat "$dev/whl/new/COMMIT")"
+}
+
+install() { # $1: base or new -> /tmp/site-$1, hydra and friends in /tmp/site-deps
+    [ -d /tmp/site-deps ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-deps \
+        .device/whl/deps/*.whl
+    [ -d "/tmp/site-$1" ] || python3 -m pip install -q --no-index --no-deps --no-compile --target "/tmp/site-$1" \
+        .device/whl/"$1"/*.whl
+}
+
+run() {
+    local out=${OUT:-.device/out}
+    local stages=("$@")
+    [ ${#stages[@]} -gt 0 ] || stages=(steps tests bleu)
+    mkdir -p "$out"
+    export PYTHONUNBUFFERED=1
+    local data=(data.root=.device/data/multi30k paths.data_dir=.device/data)
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/gpu.txt" 2>&1 || true
+    for stage in "${stages[@]}"; do
+        case $stage in
+        steps)
+            for name in base new; do
+                install "$name"
+                PYTHONPATH=/tmp/site-$name:/tmp/site-deps python3 scripts/gpu_steps.py --label "$name" \
+                    --out "$out/steps_$name.json" -- "${data[@]}" >"$out/steps_$name.txt" 2>&1 ||
+                    echo "steps $name: exit $?" >>"$out/failures.txt"
+                tail -n 5 "$out/steps_$name.txt"
+            done
+            ;;
+        tests)
+            install new
+            PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 -m pytest -q -n 0 -m cuda -rs tests/test_cuda.py \
+                >"$out/tests.txt" 2>&1 || echo "tests: exit $?" >>"$out/failures.txt"
+            tail -n 30 "$out/tests.txt"
+            ;;
+        bleu)
+            install new
+            PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 scripts/benchmark.py --train-seconds 150 --threads 8 \
+                --data .device/data/multi30k --out "$out/bleu_gpu_preset.json" device=cuda \
+                experiment=multi30k_deen_gpu paths.data_dir=.device/data >"$out/bleu.txt" 2>&1 ||
+                echo "bleu: exit $?" >>"$out/failures.txt"
+            tail -n 40 "$out/bleu.txt"
+            ;;
+        *) echo "unknown stage $stage (steps, tests, bleu)" >&2 && exit 2 ;;
+        esac
+    done
+}
+
+case ${1:-} in
+prepare) shift && prepare "$@" ;;
+run) shift && run "$@" ;;
+*) sed -n '2,25p' "$0" && exit 2 ;;
+esac
