@@ -31,6 +31,7 @@ from nmt.device import resolve_device
 from nmt.errors import ConfigError
 from nmt.resume import last_checkpoint
 from nmt.rundir import claim, tidy
+from nmt.threads import parse as parse_threads
 
 log = logging.getLogger("nmt.train")
 
@@ -135,8 +136,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         claim(run_dir)  # held until this process exits (a no-op where nmt.cli.callbacks claimed it first)
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
+    parse_threads(tcfg.threads)  # checked now; the Trainer chooses the count (nmt.threads)
     if world > 1 and rank != 0:
         torch.distributed.barrier()  # rank 0 fills the cache first; the others then read it
     data = load_data(cfg)
