@@ -27,6 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli.common import CONFIG_DIR, build_model_config, build_run, load_data, typed, user_errors
+from nmt.cli.strict import strict_keys
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
 from nmt.resume import last_checkpoint
@@ -174,6 +175,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     return summary
 
 
+@strict_keys("train")  # a misspelt key, with or without +: one line, exit 2 (nmt.cli.strict)
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     OmegaConf.set_readonly(cfg, True)
