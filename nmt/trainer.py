@@ -69,7 +69,8 @@ class TrainerConfig:
     best_metric: Metric = Metric.bleu  # bleu | chrf | loss | ppl
     log_every: int = 50
     threads: str | None = "auto"  # auto (the cores other processes leave free) | adaptive | N | null (nmt.threads)
-    # a checkpoint, a run directory (its checkpoints/last.pt), or auto (null too): this run directory's last.pt if any
+    # a checkpoint, a run directory (its checkpoints/last.pt), auto (null too): this run directory's last.pt if any,
+    # or never: start afresh
     resume: str | None = None
     # refuse | allow: resume although the run differs in a setting exactness depends on (nmt.resume; then recorded)
     resume_changes: ResumeChanges = ResumeChanges.refuse
@@ -410,7 +411,7 @@ class Trainer:
     def train(self) -> dict:
         for g in self.optimizer.param_groups:
             g.setdefault("base_lr", g["lr"])
-        resume = last_checkpoint(self.run_dir) if self.cfg.resume == "auto" else self.cfg.resume
+        resume = {"auto": last_checkpoint(self.run_dir), "never": None}.get(self.cfg.resume, self.cfg.resume)
         if resume:
             self.restore(resume)
         if self.is_main:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,17 +44,6 @@ from nmt.translator import Translator
 BIN = Path(sys.executable).parent
 # What the user runs: no debugging switches inherited from the developer's shell.
 ENV = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "NMT_DEBUG")}
-TINY = [
-    "experiment=quick",
-    "data.train_size=300",
-    "data.valid_size=20",
-    "data.test_size=20",
-    "trainer.max_steps=6",
-    "trainer.valid_every=6",
-    "trainer.heatmaps=0",
-    "trainer.threads=1",
-    "trainer.progress=false",
-]
 LONG_LINE = ("ein haus " * 12_000)[:100_000]  # 100,000 characters of words: ~22,000 pieces
 
 
@@ -497,6 +487,9 @@ def test_bad_input_matrix(case, ws, outcomes):
     if case.code == 2:  # exactly one line: "error: <file>[, line N]: <what>; <fix>"
         assert proc.stderr.strip().count("\n") == 0, proc.stderr
         assert re.match(r"(nmt-translate: )?error: ", proc.stderr)
+    if case.cmd[0] == "nmt-train" and case.code == 2:  # a refused run leaves no run directory behind
+        named = [ws.fmt(a).split("=", 1)[1] for a in case.cmd if a.startswith("hydra.run.dir=")]
+        assert not any(Path(d).exists() for d in named) and not (ws.root / "outputs").exists()
     if case.cmd[0] == "nmt-translate" and case.code == 0:  # one output line per input line
         lines_in = case.stdin.count(b"\n") if case.stdin else len(case.cmd) - 2 - len(SHORT)
         assert proc.stdout.count("\n") == lines_in

@@ -7,7 +7,7 @@
 Before Hydra runs, the command line's overrides are composed once as Hydra will compose them (a sweep by its
 first value). What Hydra would print in several lines and exit 1 with becomes one line on stderr, exit status 2:
 
-    error: unknown key 'atention' in atention=bahdanau; did you mean attention=bahdanau? (`nmt-train --cfg job` ...)
+    error: unknown key 'atention' in atention=bahdanau; did you mean attention=bahdanau? `nmt-train --cfg job` ...
 
 - a key the config does not have (`trainer.max_stpes=2`), named with the nearest known key or config group;
 - the same key added with `+` or `++` (`+atention=bahdanau`): Hydra suggests the `+` and would then add a key
@@ -25,28 +25,46 @@ import difflib
 import functools
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from nmt.cli.common import compose_config
-from nmt.errors import first_line
+from nmt.errors import ConfigError, NMTError, first_line
 
 COMMANDS = {"train": "nmt-train", "evaluate": "nmt-evaluate", "prepare": "nmt-prepare"}
 
 
-def strict_keys(config_name: str) -> Callable[[Callable[[], None]], Callable[[], None]]:
-    """Wrap a `@hydra.main` function of config `config_name`: its command line is checked first (module doc)."""
+@dataclass
+class CommandLine:
+    """A command line checked by `check_command_line`: the config it composes (a sweep by its first value, without
+    its + and ++ additions) and its overrides as Hydra records them."""
+
+    cfg: DictConfig
+    task: list[str]  # the overrides Hydra records in .hydra/overrides.yaml
+    hydra: list[str]  # hydra.* and hydra/* overrides
+    multirun: bool  # -m
+
+
+def strict_keys(
+    config_name: str, then: Callable[[CommandLine], list[str]] | None = None
+) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Wrap a `@hydra.main` function of config `config_name`: its command line is checked first (module doc);
+    `then` may add to it (arguments it returns) or refuse it (an NMTError), e.g. nmt.cli.run_dirs."""
 
     def wrap(hydra_main: Callable[[], None]) -> Callable[[], None]:
         @functools.wraps(hydra_main)
         def main() -> None:
-            error = command_line_error(config_name, sys.argv[1:])
-            if error:
-                print(f"error: {error}", file=sys.stderr)
+            try:
+                line = check_command_line(config_name, sys.argv[1:])
+                if line is not None and then is not None:
+                    sys.argv.extend(then(line))
+            except NMTError as e:
+                print(f"error: {e}", file=sys.stderr)
                 sys.exit(2)
             hydra_main()
 
@@ -55,8 +73,9 @@ def strict_keys(config_name: str) -> Callable[[Callable[[], None]], Callable[[],
     return wrap
 
 
-def command_line_error(config_name: str, argv: Sequence[str]) -> str | None:
-    """The one-line message for a mistake in `argv`'s overrides (module doc), or None to let Hydra go on."""
+def check_command_line(config_name: str, argv: Sequence[str]) -> CommandLine | None:
+    """The command line `argv` of config `config_name`, checked: a ConfigError naming a mistake in its overrides
+    (module doc); None where Hydra is left to read it (--help, another --config-name, a syntax error)."""
     parser = get_args_parser()
     parser.exit_on_error = False
     try:
@@ -69,19 +88,24 @@ def command_line_error(config_name: str, argv: Sequence[str]) -> str | None:
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except OverrideParseException:
         return None
-    adds = [o for o in overrides if (o.is_add() or o.is_force_add()) and not o.key_or_group.startswith("hydra")]
+    adds = [o for o in overrides if (o.is_add() or o.is_force_add()) and not o.is_hydra_override()]
     base = [first_of_sweep(o) for o in overrides if o not in adds]
     try:
-        known = known_keys(config_name, base)
+        cfg = compose_config(base, config_name, hydra_config=True)
     except (ConfigCompositionException, MissingConfigException) as e:
-        return composition_error(e, config_name, base)
+        error = composition_error(e, config_name, base)
+        if error is None:
+            return None
+        raise ConfigError(error) from None
+    known = known_keys(cfg)
     for o in adds:
         key, value = o.key_or_group, value_of(o.input_line)
         if key in known and o.is_add():
-            return f"{o.input_line}: {key} is already a key; drop the + ({key}={value})"
+            raise ConfigError(f"{o.input_line}: {key} is already a key; drop the + ({key}={value})")
         if key not in known:
-            return unknown_key(key, o.input_line, known, config_name, added=True)
-    return None
+            raise ConfigError(unknown_key(key, o.input_line, known, config_name, added=True))
+    task = [o.input_line for o in overrides if not o.is_hydra_override()]
+    return CommandLine(cfg, task, [o.input_line for o in overrides if o.is_hydra_override()], bool(args.multirun))
 
 
 def first_of_sweep(override) -> str:
@@ -98,9 +122,8 @@ def value_of(line: str) -> str:
     return line.split("=", 1)[1] if "=" in line else ""
 
 
-def known_keys(config_name: str, overrides: list[str]) -> set[str]:
-    """Every dotted key of the config composed with `overrides` (sections included) and every config group's name."""
-    cfg = compose_config(overrides, config_name, hydra_config=True)
+def known_keys(cfg: DictConfig) -> set[str]:
+    """Every dotted key of `cfg` (sections included) and every config group's name."""
     keys = set(OmegaConf.to_container(cfg.hydra.runtime.choices))
 
     def walk(tree: dict, prefix: str) -> None:
@@ -148,7 +171,7 @@ def composition_error(e: Exception, config_name: str, base: list[str]) -> str | 
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)):
         rest = [b for b in base if b != line]
         try:
-            known = known_keys(config_name, rest)
+            known = known_keys(compose_config(rest, config_name, hydra_config=True))
         except (ConfigCompositionException, MissingConfigException):  # more than one mistake: no suggestion
             known = set()
         return unknown_key(line.split("=", 1)[0], line, known, config_name, added=False)
