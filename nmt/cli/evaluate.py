@@ -71,7 +71,8 @@ def run(cfg: DictConfig) -> dict:
         "tgt_lang": corpus.tgt_lang,
         "step": payload.get("step"),
     }
-    return evaluate(translator, corpus.splits[cfg.split], edges, int(cfg.heatmaps), out_dir, cfg.split, meta)
+    pairs = corpus.splits[cfg.split]
+    return evaluate(translator, pairs, edges, int(cfg.heatmaps), out_dir, cfg.split, meta, progress=True)
 
 
 @strict_keys("evaluate")  # a misspelt key, with or without +: one line, exit 2 (nmt.cli.strict)
