@@ -54,7 +54,7 @@ def strict_keys(
     config_name: str, then: Callable[[CommandLine], list[str]] | None = None
 ) -> Callable[[Callable[[], None]], Callable[[], None]]:
     """Wrap a `@hydra.main` function of config `config_name`: its command line is checked first (module doc);
-    `then` may add to it (arguments it returns) or refuse it (an NMTError), e.g. nmt.cli.run_dirs."""
+    `then` may add to it (arguments it returns) or refuse it (an NMTError), e.g. nmt.cli.rerun."""
 
     def wrap(hydra_main: Callable[[], None]) -> Callable[[], None]:
         @functools.wraps(hydra_main)

@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli.common import CONFIG_DIR, build_model_config, build_run, load_data, typed, user_errors
-from nmt.cli.run_dirs import continue_interrupted, done_message, no_empty_run_dir, this_command
+from nmt.cli.rerun import continue_interrupted, done_message, no_empty_run_dir, this_command
 from nmt.cli.strict import strict_keys
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
@@ -173,7 +173,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     return summary
 
 
-# a misspelt key: one line (nmt.cli.strict); the same command again continues an interrupted run (nmt.cli.run_dirs)
+# a misspelt key: one line (nmt.cli.strict); the same command again continues an interrupted run (nmt.cli.rerun)
 @strict_keys("train", then=continue_interrupted)
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:

@@ -1,20 +1,21 @@
-"""nmt-train's run directories as the user meets them: Ctrl-C, then the same command, continues; nothing is left
-behind by a refusal.
+"""nmt-train run again: Ctrl-C, then the same command, continues; nothing is left behind by a refusal.
 
 - An interrupted run (Ctrl-C, SIGTERM) ends by printing the one command that continues it (`continue_command`):
   the same overrides with `hydra.run.dir=<its directory>`.
 - Running the same command again (the same overrides, no hydra.run.dir: each run gets a new
-  outputs/<date>/<time>/) continues the newest run of that command when it was interrupted
-  (`continue_interrupted`, before Hydra makes a directory: it adds hydra.run.dir=<that run> to the command
-  line), and refuses in one line when that run stopped without a record (killed, or still running), naming the
-  command that continues it. `trainer.resume=never` starts afresh; a run that finished is never continued.
+  outputs/<date>/<time>/) continues the newest run of that command when it stopped before its end: interrupted,
+  or killed (`continue_interrupted`, before Hydra makes a directory: it adds hydra.run.dir=<that run> to the
+  command line). Where that run is still training (its directory's lock is held: nmt.rundir.claim) it refuses in
+  one line. `trainer.resume=never` starts afresh; a run that finished is never continued.
 - A run refused before it trained (a bad corpus, a resume refused) leaves no directory of its own behind
   (`no_empty_run_dir`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -28,9 +29,10 @@ from omegaconf import OmegaConf
 
 from nmt.cli.strict import CommandLine
 from nmt.errors import ConfigError, NMTError
+from nmt.rundir import LOCK
 
-# what a run directory holds before training starts: Hydra's record of the config and the log
-BEFORE_TRAINING = {".hydra", "train.log"}
+# what a run directory holds before training starts: Hydra's record of the config, the log and the lock
+BEFORE_TRAINING = {".hydra", "train.log", LOCK}
 # overrides the continuing command leaves out: where the run began from, and a deletion of its checkpoints
 NOT_REPEATED = ("trainer.resume=", "trainer.overwrite=", "hydra.run.dir=")
 
@@ -62,17 +64,37 @@ def done_message(summary: dict, command: str | None) -> str:
 
 
 def run_state(run_dir: Path) -> str | None:
-    """How the run in `run_dir` stopped: its metrics.json's stopped_by (interrupted, max_steps, ...), or "unknown"
-    where checkpoints/last.pt is newer than any metrics.json (killed, or still running); None without last.pt."""
+    """How the run in `run_dir` stands: "running" while a trainer holds its lock; else its metrics.json's
+    stopped_by (interrupted, max_steps, ...), or "killed" where checkpoints/last.pt is newer than any metrics.json
+    (the record of an end); None without last.pt."""
     last, metrics = run_dir / "checkpoints" / "last.pt", run_dir / "metrics.json"
     if not last.is_file():
         return None
+    if holder(run_dir):
+        return "running"
     if not metrics.is_file() or metrics.stat().st_mtime < last.stat().st_mtime:
-        return "unknown"
+        return "killed"
     try:
-        return json.loads(metrics.read_text(encoding="utf-8")).get("stopped_by") or "unknown"
+        return json.loads(metrics.read_text(encoding="utf-8")).get("stopped_by") or "killed"
     except (OSError, ValueError):
-        return "unknown"
+        return "killed"
+
+
+def holder(run_dir: Path) -> str | None:
+    """Who holds `run_dir`'s lock now ("pid N on host", as nmt.rundir.claim writes it), or None where it is free."""
+    try:
+        fd = os.open(run_dir / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a trainer holds it exclusively; released at close
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid not written yet"
+    except OSError:  # a file system without locks
+        return None
+    finally:
+        os.close(fd)
 
 
 def newest_run_of(root: Path, task: list[str]) -> Path | None:
@@ -88,8 +110,8 @@ def newest_run_of(root: Path, task: list[str]) -> Path | None:
 
 def continue_interrupted(line: CommandLine) -> list[str]:
     """Before Hydra runs (nmt.cli.strict calls this with the checked command line): where this command ran before
-    without hydra.run.dir and its newest run was interrupted, continue that run (the argument hydra.run.dir=<it>
-    to add); where that run stopped without a record, a ConfigError saying how to go on."""
+    without hydra.run.dir and its newest run stopped before its end (interrupted, killed), continue that run (the
+    argument hydra.run.dir=<it> to add); where that run is still training, a ConfigError saying how to go on."""
     cfg, hydra = line.cfg, line.hydra
     if line.multirun or cfg.hydra.mode == RunMode.MULTIRUN or any(o.startswith("hydra.run.dir=") for o in hydra):
         return []
@@ -98,17 +120,16 @@ def continue_interrupted(line: CommandLine) -> list[str]:
     root = Path(cfg.hydra.run.dir).parent.parent  # outputs/ of outputs/<date>/<time>
     run = newest_run_of(root, line.task)
     state = None if run is None else run_state(run)
-    if state not in ("interrupted", "unknown"):
-        return []  # nothing ran before, or it finished: a fresh run
-    command = continue_command(line.task, hydra, run)
-    if state == "unknown":
+    if state == "running":
         raise ConfigError(
-            f"{run} holds a run of this same command that stopped without finishing (killed, or still running); "
-            f"continue it with `{command}`, or start afresh with trainer.resume=never"
+            f"{run} holds a run of this same command that is still training ({holder(run) or 'it just ended'}); "
+            "wait for it to end, or start another beside it with trainer.resume=never"
         )
+    if state not in ("interrupted", "killed"):
+        return []  # nothing ran before, or it finished: a fresh run
+    how = "interrupted run" if state == "interrupted" else "run, killed before its end,"
     print(
-        f"nmt-train: continuing the interrupted run of this same command in {run} "
-        "(trainer.resume=never starts afresh instead)",
+        f"nmt-train: continuing the {how} of this same command in {run} (trainer.resume=never starts afresh instead)",
         file=sys.stderr,
     )
     return [f"hydra.run.dir={run}"]

@@ -1,6 +1,6 @@
-"""nmt-train's run directories as a user meets them (nmt.cli.run_dirs): Ctrl-C prints the command that continues
-the run, the same command again continues it instead of starting over, a run that stopped without a record is
-named rather than silently replaced, and a finished run is never continued.
+"""nmt-train run again (nmt.cli.rerun): Ctrl-C prints the command that continues the run, the same command again
+continues it (or a killed one) instead of starting over, one still training is named rather than joined, and a
+finished run is never continued.
 
 One real interrupted run (SIGINT) of a tiny quick preset, in a fresh working directory as a user would start it;
 the other cases compose the real command line (nmt.cli.strict.check_command_line) over run directories laid out
@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import BIN, TINY
 
-from nmt.cli.run_dirs import continue_interrupted, done_message, run_state
+from nmt.cli.rerun import continue_interrupted, done_message, run_state
 from nmt.cli.strict import check_command_line
 from nmt.errors import ConfigError
+from nmt.rundir import claim, release
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "NMT_DEBUG")}
 STEPS = [*TINY, "trainer.max_steps=24", "trainer.valid_every=3"]  # a first checkpoint at step 3, then 21 more steps
@@ -95,16 +96,19 @@ def test_what_the_same_command_does_with_the_runs_before_it(here):
 
 
 @pytest.mark.parametrize("metrics", [None, "max_steps"], ids=["killed", "killed-after-a-finished-run"])
-def test_a_run_that_stopped_without_a_record_is_named_not_replaced(here, metrics):
+def test_a_killed_run_is_continued_and_a_running_one_named(here, metrics):
     run = lay_out(here, "00-00-01", ["experiment=quick"], metrics, metrics_first=True)
-    assert run_state(run) == "unknown"
-    with pytest.raises(ConfigError) as refused:
-        plan("experiment=quick")
+    assert run_state(run) == "killed"  # last.pt newer than any record of an end, and nobody holds the lock
+    assert plan("experiment=quick") == [f"hydra.run.dir={run.relative_to(here)}"]
+    claim(run)  # a trainer at work there (this process, through another file descriptor)
+    try:
+        assert run_state(run) == "running"
+        with pytest.raises(ConfigError) as refused:
+            plan("experiment=quick")
+    finally:
+        release(run)
     message = str(refused.value)
-    assert message.startswith(
-        f"{run.relative_to(here)} holds a run of this same command that stopped without finishing"
-    )
-    assert f"`nmt-train experiment=quick hydra.run.dir={run.relative_to(here)}`" in message
+    assert message.startswith(f"{run.relative_to(here)} holds a run of this same command that is still training (pid ")
     assert "trainer.resume=never" in message
 
 
