@@ -92,7 +92,8 @@ def train(work: Path, name: str, steps: int, threads: str) -> dict:
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Median training seconds of each (load, threads) pair, and the floors' ratios where both sides ran."""
+    """Median training seconds of each (load, threads) pair, and the floors' ratios where both sides ran; the
+    quiet floor is not judged (met: null) where a quiet run had other work beside it."""
     medians: dict[str, dict[str, float]] = {}
     for run in runs:
         medians.setdefault(run["load"], {}).setdefault(run["threads"], [])
@@ -103,7 +104,12 @@ def summarize(runs: list[dict]) -> dict:
         by = medians.get(load, {})
         if ours in by and theirs in by and by[theirs] > 0:
             ratio = by[ours] / by[theirs]
-            floors[f"{load}: {ours} / {theirs}"] = {"ratio": round(ratio, 3), "at_most": limit, "met": ratio <= limit}
+            judged = load != "quiet" or not any("note" in r for r in runs if r["load"] == "quiet")
+            floors[f"{load}: {ours} / {theirs}"] = {
+                "ratio": round(ratio, 3),
+                "at_most": limit,
+                "met": ratio <= limit if judged else None,  # None: the machine was not quiet
+            }
     return {"median_train_s": medians, "floors": floors}
 
 
@@ -138,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
                 )
     summary = summarize(runs)
     for name, floor in summary["floors"].items():
-        print(f"{name}: {floor['ratio']:.3f}x (at most {floor['at_most']}x: {'met' if floor['met'] else 'NOT met'})")
+        verdict = {True: "met", False: "NOT met", None: "not judged: the machine was not quiet"}[floor["met"]]
+        print(f"{name}: {floor['ratio']:.3f}x (at most {floor['at_most']}x: {verdict})")
     if args.out:
         report = {
             "command": " ".join(["python", "scripts/busy_machine.py", *(argv if argv is not None else sys.argv[1:])]),
