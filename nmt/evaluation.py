@@ -21,6 +21,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tqdm import tqdm
+
 from nmt.errors import DataError
 from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores, format_number
 
@@ -35,19 +37,26 @@ def evaluate(
     out_dir: Path | None = None,
     split: str = "test",
     meta: dict | None = None,
+    progress: bool = False,
 ) -> dict:
     """Translate the sources of `pairs`, score against their references, and write files to `out_dir`.
 
     `meta` (plain values, e.g. the corpus name) is copied into the result and the JSON file. A score is of
     whole inputs: the translator's cap on source pieces (a guard for free text, 250 by default, which
-    windows of several Bible verses pass) is raised to the longest source here, so no input is cut.
+    windows of several Bible verses pass) is raised to the longest source here, so no input is cut. With
+    `progress`, a bar on stderr counts the sentences translated (the translator's translate then takes a
+    `progress` callable, as nmt.translator.Translator's does).
     """
     if not pairs:
         raise DataError(f"split {split!r} has no sentence pairs to evaluate on")
     sources = [s for s, _ in pairs]
     translator.fit_to(sources)
     references = [t for _, t in pairs]
-    best = [nbest[0] for nbest in translator.translate(sources)]
+    with tqdm(
+        total=len(sources), desc=f"translating {split}", unit="sentence", disable=not progress, leave=False
+    ) as bar:
+        done = translator.translate(sources, progress=bar.update) if progress else translator.translate(sources)
+    best = [nbest[0] for nbest in done]
     hypotheses = [t.text for t in best]
     scores = corpus_scores(hypotheses, references)
     result = {

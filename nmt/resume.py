@@ -4,15 +4,17 @@ A checkpoint records the facts an exact resume depends on, as one flat dict of d
 (nmt.trainer.Trainer.facts): the run's settings (`trainer.*`, `optim.*`, `seed`, `data.*`, `tokenizer.*`,
 `paths.*`, `model.*`), a fingerprint of each prepared split and of both SentencePiece models (`corpus.*`,
 `tokenizer.src_model`, `tokenizer.tgt_model`: nmt.data.PreparedData.fingerprints), the windowing, the world
-size, torch's version, the device kind, the precision and the kernels. Resuming compares the checkpoint's facts
-with this run's, and sorts every difference into one of three kinds:
+size, torch's version, the device kind, the precision, the kernels and the thread count (`threads`: a sum split
+over more threads rounds differently; trainer.threads=auto keeps the checkpoint's count, nmt.threads). Resuming
+compares the checkpoint's facts with this run's, and sorts every difference into one of three kinds:
 
     incompatible  the checkpoint's weights do not fit this run's model (model.*, the vocabulary sizes): refused
     breaks        the run would not continue as the uninterrupted one would have (the corpus and tokenizer
                   fingerprints, batching, windowing, seed, world size, optimiser and schedule, precision, torch,
-                  device): refused unless trainer.resume_changes=allow; then recorded in the checkpoint and
-                  TensorBoard
-    harmless      paths, logging and validation frequency, budgets and patience, threads, progress: logged
+                  device, the thread count): refused unless trainer.resume_changes=allow; then recorded in the
+                  checkpoint and TensorBoard
+    harmless      paths, logging and validation frequency, budgets and patience, the trainer.threads setting
+                  (the count it gives is `threads`), progress: logged
 
     changes = compare(saved_facts, facts_now)
     check(changes, allow, "run/checkpoints/last.pt")   # a CheckpointError naming every change, in one message
@@ -78,7 +80,7 @@ HARMLESS = (
     "trainer.max_minutes",
     "trainer.patience",
     "trainer.max_bad_steps",
-    # how fast
+    # how the thread count is chosen: the count itself (`threads`) breaks exactness, and auto keeps the checkpoint's
     "trainer.threads",
 )
 # what training reads of the corpus; the other splits (corpus.test, corpus.test_k2, ...) only evaluation does

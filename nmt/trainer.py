@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
@@ -42,9 +41,11 @@ from nmt.kernels.compiled import choose_kernels, set_kernels
 from nmt.loss import loss_sum
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
+from nmt.progress import TrainingBar
 from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds, resumable
 from nmt.rundir import TensorBoard, keep_best, write_summary, write_text
 from nmt.step_numbers import StepNumbers
+from nmt.threads import Threads
 from nmt.tokenizer import Tokenizer
 from nmt.validation import evaluate_split
 
@@ -67,8 +68,9 @@ class TrainerConfig:
     patience: int = 8  # validations without improvement before stopping (0: never stop early)
     best_metric: Metric = Metric.bleu  # bleu | chrf | loss | ppl
     log_every: int = 50
-    threads: int | None = None  # CPU threads (None: torch's default)
-    # a checkpoint, a run directory (its checkpoints/last.pt), or auto (null too): this run directory's last.pt if any
+    threads: str | None = "auto"  # auto (the cores other processes leave free) | adaptive | N | null (nmt.threads)
+    # a checkpoint, a run directory (its checkpoints/last.pt), auto (null too): this run directory's last.pt if any,
+    # or never: start afresh
     resume: str | None = None
     # refuse | allow: resume although the run differs in a setting exactness depends on (nmt.resume; then recorded)
     resume_changes: ResumeChanges = ResumeChanges.refuse
@@ -146,7 +148,8 @@ class Trainer:
         self.run_dir, self.device = Path(run_dir), torch.device(device)
         self.rank, self.world_size, self.is_main = rank, world_size, rank == 0
         self.run_config = run_config or {}
-        self.provenance = provenance(torch.get_num_threads()) if rank == 0 else {}  # commit, CPU, torch
+        self.threads = Threads(config.threads)  # chosen and set now; kept on resume
+        self.provenance = provenance(self.threads.count) if rank == 0 else {}  # commit, CPU, torch
         self.hooks = list(hooks)
         self.model = model.to(self.device)
         self.module = model  # the bare model (not the DDP wrapper): checkpoints and decoding use it
@@ -243,6 +246,7 @@ class Trainer:
             "device_kind": self.device.type,
             "precision": self.amp,
             "kernels": self.kernels,
+            "threads": self.threads.count,  # the numbers depend on it (nmt.threads)
         }
         if data is None or data is self.data:
             if self._fingerprints is None:
@@ -281,6 +285,7 @@ class Trainer:
             "exactness": self.facts(),
             "resumes": self.resumes,
             "resumed_with_changes": self.resumed_with_changes,
+            "threads": self.threads.record(),
         }
 
     def save(self, name: str, best: bool = False) -> Path | None:
@@ -303,6 +308,9 @@ class Trainer:
         """Continue from checkpoint `path`: refused (a CheckpointError naming every difference) when this run
         differs from the one that wrote it in a way that breaks exactness, unless trainer.resume_changes=allow."""
         path, data = resumable(path, self.cfg.resume_fallback)  # verified; trainer.resume_fallback: maybe another
+        self.threads.resume(data)  # auto keeps the checkpoint's thread count: the numbers depend on it
+        if self.provenance:  # the count this run computes with from here on
+            self.provenance["threads"] = self.threads.count
         prepared = self._encoded_with_tokenizer_of(data)
         ours = self.data.tokenizer  # the facts of this run as it was asked for: the tokenizer on disk
         now = {**self.facts(prepared), **tokenizer_fingerprints(ours.src_model, ours.tgt_model)}
@@ -403,7 +411,7 @@ class Trainer:
     def train(self) -> dict:
         for g in self.optimizer.param_groups:
             g.setdefault("base_lr", g["lr"])
-        resume = last_checkpoint(self.run_dir) if self.cfg.resume == "auto" else self.cfg.resume
+        resume = {"auto": last_checkpoint(self.run_dir), "never": None}.get(self.cfg.resume, self.cfg.resume)
         if resume:
             self.restore(resume)
         if self.is_main:
@@ -457,14 +465,7 @@ class Trainer:
         started = time.time()
         steps_per_epoch = math.ceil(len(self.sampler) / c.accumulate)
         total = c.max_steps or (steps_per_epoch * c.max_epochs if c.max_epochs else None)
-        bar = tqdm(
-            total=total,
-            initial=self.step,
-            disable=not (self.is_main and c.progress),
-            unit="step",
-            dynamic_ncols=True,
-            desc="train",
-        )
+        bar = TrainingBar(total, self.step, c.max_minutes, self.elapsed, self.is_main and c.progress)
         window = self.window
         window["time"] = time.time()
         reason = "max_epochs"
@@ -488,7 +489,7 @@ class Trainer:
                         window["loss"] += loss_sum
                         window["tokens"] += n_tok
                         window["sentences"] += n_sent
-                        bar.update(1)
+                        bar.advance(self.elapsed + time.time() - started)
                     for hook in self.hooks:  # trainer.step is the step just taken
                         hook.on_step(self, step_seconds, n_sent, n_tok, loss_sum is None)
                     if self.step % c.log_every == 0 and window["tokens"]:
@@ -591,7 +592,7 @@ class Trainer:
         self._last_grad_norm = self.numbers.value(grad_norm)
         return self.numbers.value(loss_total), total_tokens, n_sent * self.world_size
 
-    def _log_train(self, window: dict, bar: tqdm) -> None:
+    def _log_train(self, window: dict, bar: TrainingBar) -> None:
         self.numbers.check(self.cfg.max_bad_steps, self.step)  # a plan that reads the step's numbers only now
         window["loss"], self._last_grad_norm = float(window["loss"]), float(self._last_grad_norm)
         now = time.time()
@@ -624,6 +625,7 @@ class Trainer:
                 tps,
             )
         window.update(loss=0.0, tokens=0, sentences=0, time=now)
+        self.threads.adapt(self.step)  # trainer.threads=adaptive only
 
     # ------------------------------------------------------------------------------------ validation
     def _validate(self) -> bool:
@@ -726,6 +728,7 @@ class Trainer:
             "best_checkpoint": str(self.ckpt_dir / "best.pt"),
             "last_checkpoint": str(self.ckpt_dir / "last.pt"),
             "parameters": self.module.num_parameters(),
+            "threads": self.threads.record(),
         }
         if self.is_main:
             write_summary(self.run_dir, summary)

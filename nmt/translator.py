@@ -14,6 +14,7 @@ Shapes: B sentences in a batch, S source pieces (EOS included), T output pieces 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -135,10 +136,13 @@ class Translator:
             longest = max(len(ids) for ids in self.tokenizer.encode_src(texts))
             self.max_src_pieces = max(self.max_src_pieces, longest)
 
-    def translate(self, texts: list[str], first_line: int = 1) -> list[list[Translation]]:
+    def translate(
+        self, texts: list[str], first_line: int = 1, progress: Callable[[int], object] | None = None
+    ) -> list[list[Translation]]:
         """The `nbest` best translations of every text, in input order (one for an empty text).
 
-        `first_line` is the line number of texts[0] in the caller's input, used in warnings.
+        `first_line` is the line number of texts[0] in the caller's input, used in warnings; `progress`, where
+        given, is told the number of texts each batch translated (e.g. a tqdm bar's update).
         """
         ids = self._encode(texts, first_line)
         results: list[list[Translation]] = [[] for _ in texts]
@@ -146,9 +150,13 @@ class Translator:
             if seq is None:
                 results[i] = [Translation("", 0.0, [], [], torch.zeros(0, 0))]
         todo = sorted((i for i, seq in enumerate(ids) if seq is not None), key=lambda i: (len(ids[i]), i))
+        if progress is not None and len(todo) < len(texts):
+            progress(len(texts) - len(todo))  # the empty ones: done
         for batch in self._batches(todo, ids):
             for i, hyps in zip(batch, self._search([ids[i] for i in batch]), strict=True):
                 results[i] = [self._translation(ids[i], h.tokens, h.score, h.attention) for h in hyps]
+            if progress is not None:
+                progress(len(batch))
         return results
 
     def _encode(self, texts: list[str], first_line: int, warn: bool = True) -> list[list[int] | None]:

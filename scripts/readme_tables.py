@@ -60,17 +60,24 @@ def _rel(path: Path) -> str:
         return path.as_posix()
 
 
-def command_text(command: str) -> str:
-    """The recorded command with the interpreter's path shortened: `/x/.venv/bin/python scripts/...` ->
-    `python scripts/...`."""
+def command_text(command: str, written: Path | None = None) -> str:
+    """The recorded command as the README spells commands, with no path of the machine that ran it: the
+    interpreter as `python`, a folder under the shared folder beside the clone as `../shared/...`
+    (`/work/shared/data/multi30k` -> `../shared/data/multi30k`), and --out as the committed file `written`."""
     words = command.split()
     if words and Path(words[0]).name.startswith("python"):
         words[0] = "python"
+    for i, word in enumerate(words):
+        if i and words[i - 1] == "--out" and written is not None:
+            words[i] = _rel(written)
+        elif word.startswith("/") and "/shared/" in word:
+            words[i] = "../shared/" + word.split("/shared/", 1)[1]
     return " ".join(words)
 
 
 def machine_text(machine: dict) -> str:
-    """e.g. 'AMD EPYC, AVX512, native bf16, 2 threads, torch 2.13.0+cpu' from a JSON `machine` section."""
+    """e.g. 'AMD EPYC, AVX512, native bf16, glibc malloc, 2 threads, torch 2.13.0+cpu' from a JSON `machine`
+    section (the malloc: peak memory depends on it; 'malloc not recorded' in files older than that record)."""
     parts = [str(machine.get("cpu_model") or "CPU not recorded")]
     if machine.get("emulated"):  # scripts/benchmark.py --emulate-avx2: say it first, plainly
         parts[0] = (
@@ -82,6 +89,8 @@ def machine_text(machine: dict) -> str:
         parts.append(str(machine["cpu_capability"]))
     if "native_bf16" in machine:
         parts.append("native bf16" if machine["native_bf16"] else "no native bf16")
+    malloc = str(machine.get("malloc") or "")
+    parts.append(malloc if malloc.endswith("malloc") else f"{malloc} malloc" if malloc else "malloc not recorded")
     if machine.get("threads"):
         parts.append(f"{machine['threads']} thread{'s' if machine['threads'] != 1 else ''}")
     if machine.get("torch"):
@@ -113,7 +122,7 @@ def benchmark_rows(bench: dict, path: Path) -> list[tuple[str, str, str]]:
     theirs = peer["figures"] if peer and peer.get("ok") else None
     label = {"opennmt": "OpenNMT-py", "joeynmt": "JoeyNMT"}.get(peer_name, peer_name)
     source = source_cell(
-        command_text(bench["command"]), machine_text(bench["machine"]), f"{bench['date'][:10]} ({_rel(path)})"
+        command_text(bench["command"], path), machine_text(bench["machine"]), f"{bench['date'][:10]} ({_rel(path)})"
     )
     corpus = corpus_text(decode.get("corpus", "multi30k-de-en"))
     sentences = decode["beam5"]["sentences"]

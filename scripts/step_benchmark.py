@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     torch.set_num_threads(args.threads)
     root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
-    base = ["experiment=multi30k_deen", *root, "trainer.progress=false", *overrides]
+    base = ["experiment=multi30k_deen", *root, "trainer.progress=false", f"trainer.threads={args.threads}", *overrides]
     data = load_data(compose_config(base))
     names = args.variants or [v for v in VARIANTS if v != "fp32-exact-nofeed"]
     configs = {

@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     count_lstm_flops()
     root = [f"data.root={Path(args.data).resolve()}"] if args.data else []
-    cfg = compose_config(["experiment=multi30k_deen", *root, "trainer.progress=false", "trainer.amp=off", *overrides])
+    fixed = ["trainer.progress=false", "trainer.amp=off", f"trainer.threads={args.threads}"]  # not auto's count
+    cfg = compose_config(["experiment=multi30k_deen", *root, *fixed, *overrides])
     trainer = build_run(cfg, Path(tempfile.mkdtemp(prefix="nmt-profile-")), "cpu")
     trainer.module.train()
     split, sampler = trainer.train_split, trainer.sampler

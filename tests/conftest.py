@@ -16,6 +16,18 @@ import pytest
 import torch
 
 BIN = Path(sys.executable).parent  # the virtualenv's console scripts (nmt-train, nmt-evaluate, ...)
+# the quick preset shrunk to seconds: 300 training pairs, 6 steps validated once, one thread, no progress bar
+TINY = [
+    "experiment=quick",
+    "data.train_size=300",
+    "data.valid_size=20",
+    "data.test_size=20",
+    "trainer.max_steps=6",
+    "trainer.valid_every=6",
+    "trainer.heatmaps=0",
+    "trainer.threads=1",
+    "trainer.progress=false",
+]
 
 
 # The test files that take longest, longest first (CI's 2 cores, 2026-12). pytest-xdist (pyproject's addopts:

@@ -330,8 +330,19 @@ def test_multi30k_refuses_other_language_pairs(tmp_path):
 
 
 def test_multi30k_missing_file_in_root(tmp_path):
-    with pytest.raises(DataError, match=r"train\.de\.gz: no such file"):
+    write(tmp_path / "train.de.gz", b"")
+    with pytest.raises(DataError, match=r"data\.root=.*: lacks train\.en\.gz, val\.de\.gz, val\.en\.gz \.\.\. \(11 of"):
         load_multi30k(str(tmp_path))
+
+
+def test_a_data_root_that_is_not_there_is_refused_and_nothing_is_downloaded(tmp_path, monkeypatch):
+    """Issue 53: a mistyped data.root fell back to downloading, then told you to pass the data.root you passed."""
+    asked = []
+    monkeypatch.setattr(multi30k.urllib.request, "urlopen", lambda url, timeout: asked.append(url))
+    with pytest.raises(DataError) as err:
+        load_multi30k(str(tmp_path / "multi30kk"), download_dir=str(tmp_path / "m30k"))
+    assert str(err.value).startswith(f"data.root={tmp_path / 'multi30kk'}: no such folder; pass the folder that holds")
+    assert asked == [] and not (tmp_path / "m30k").exists()
 
 
 def test_sha256_verification_rejects_a_tampered_file(tmp_path):
@@ -362,7 +373,7 @@ def test_multi30k_download_checks_and_renames(tmp_path, monkeypatch):
 def test_multi30k_download_rejects_a_bad_checksum(tmp_path, monkeypatch):
     monkeypatch.setattr(multi30k.urllib.request, "urlopen", fake_urlopen(lambda f: b"tampered"))
     with pytest.raises(DataError) as err:
-        load_multi30k(str(tmp_path / "absent"), download_dir=str(tmp_path / "m30k"))
+        load_multi30k(None, download_dir=str(tmp_path / "m30k"))
     assert "sha256" in str(err.value) and "data.root=" in str(err.value)
     assert list((tmp_path / "m30k").iterdir()) == []  # no partial or unverified file is left behind
 

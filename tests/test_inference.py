@@ -294,6 +294,7 @@ def test_nmt_evaluate_end_to_end(quick_run, tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
+    assert "translating test" in proc.stderr  # progress while it decodes (issue 53: 67 s of silence)
     assert re.search(r"^BLEU +\d+\.\d\d +nrefs:1\|case:mixed\|eff:no\|tok:13a", proc.stdout, re.M)
     assert re.search(r"^chrF +\d+\.\d\d +nrefs:1", proc.stdout, re.M)
     result = json.loads((out / "test.json").read_text())
@@ -335,6 +336,16 @@ def test_nmt_translate_nbest_and_alignment(quick_run):
     scores = [float(line.split("\t")[0]) for line in lines[0::2]]
     assert all("\t" in line for line in lines[0::2]) and scores[0] >= scores[1] and scores[2] >= scores[3]
     assert all(all("->" in pair for pair in line.split(" ")) for line in lines[1::2])
+
+
+def test_nmt_translate_without_arguments_asks_only_for_the_checkpoint(capsys):
+    from nmt.cli.translate import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args([])
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "nmt-translate: error: the following arguments are required: checkpoint"
+    assert "checkpoint [text ...]" in err  # the sentences are optional: without them, stdin is read
 
 
 def test_nmt_translate_missing_checkpoint_is_one_line(tmp_path):

@@ -141,6 +141,7 @@ def test_the_kinds_of_change():
     breaks = ("corpus.train", "corpus.valid", "corpus.window", "tokenizer.src_model", "data.train_size", "seed")
     assert all(classify(k) is Kind.breaks for k in breaks)
     assert classify("trainer.some_future_key") is Kind.breaks  # unknown: the safe side
+    assert classify("threads") is Kind.breaks  # the count; the setting trainer.threads (auto keeps it) is harmless
     assert compare({"seed": 1, "old": 1}, {"seed": 2, "new": 1})[0].key == "seed"  # one-sided keys: not compared
 
 
@@ -155,6 +156,7 @@ REFUSED = [
     ("optim.schedule=warmup", "optim.schedule constant -> warmup"),
     ("trainer.clip_norm=0.5", "trainer.clip_norm 1.0 -> 0.5"),
     ("trainer.amp=bf16", "trainer.amp off -> bf16"),
+    ("trainer.threads=2", "threads 1 -> 2"),  # another thread count rounds differently (issue 51)
     ("tokenizer.character_coverage=0.9999", "tokenizer.src_model "),  # retrained: other bytes, same pieces
 ]
 
@@ -226,6 +228,37 @@ def test_extending_max_epochs_resumes_bitwise_like_an_uninterrupted_run(base, tm
     ours, theirs = resumed.module.state_dict(), whole.module.state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     assert load_checkpoint(last(tmp_path / "split"))["resumed_with_changes"] == []
+
+
+def test_auto_keeps_the_checkpoints_thread_count_and_resumes_bitwise(base, run, tmp_path, one_thread):
+    """The module's run (one thread) resumed with trainer.threads=auto where torch would use two: whatever auto
+    would choose on this machine now, the run goes on at the checkpoint's count, bit for bit as if uninterrupted."""
+    whole = train(base, tmp_path / "whole", "trainer.max_steps=9")
+    torch.set_num_threads(2)
+    resumed = train(base, run, "trainer.threads=auto", "trainer.max_steps=9", resume=last(run))
+    assert resumed.threads.count == torch.get_num_threads() == 1
+    assert load_checkpoint(last(run))["exactness"]["threads"] == 1
+    assert train_losses(last(run)) == train_losses(last(tmp_path / "whole"))
+    ours, theirs = resumed.module.state_dict(), whole.module.state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert load_checkpoint(last(run))["resumed_with_changes"] == []
+
+
+def as_if_at_two_threads(ckpt: Path) -> None:
+    """Make `ckpt` say it was trained at two threads."""
+    data = load_checkpoint(ckpt)
+    data["exactness"]["threads"] = data["threads"]["count"] = 2
+    save_checkpoint(ckpt, {k: v for k, v in data.items() if not k.endswith("version") and k != "format"})
+
+
+def test_another_thread_count_is_allowed_only_when_asked_and_recorded(base, run, one_thread):
+    as_if_at_two_threads(last(run))
+    with pytest.raises(CheckpointError, match=r"breaks exactness: threads 2 -> 1"):
+        train(base, run, "trainer.max_steps=7", resume=last(run))  # trainer.threads=1, as the base says
+    trainer = train(base, run, "trainer.max_steps=7", "trainer.resume_changes=allow", resume=last(run))
+    data = load_checkpoint(last(run))
+    assert trainer.step == 7 and data["resumed_with_changes"] == ["threads"]
+    assert data["resumes"][-1]["changes"]["threads"] == [2, 1] and data["threads"]["count"] == 1
 
 
 def test_an_old_checkpoint_resumes_with_a_warning(base, run, caplog, one_thread):

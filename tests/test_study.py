@@ -606,6 +606,7 @@ def test_study_writes_records_tables_and_figures(study):
         assert interaction in md and interaction in proc.stdout and (interaction or decoding == "beam5")
     assert "(bleu_by_window.png)" in md and "(bleu_by_window_beam5.png)" in md and "k=3 (untrained)" in md
     assert "Headline: greedy decoding; beam 5 beside it" in md
+    assert "translating test_k1" in proc.stderr  # progress within a run's evaluation (issue 53), not only per run
     assert sorted(p.name for p in (out / "records").iterdir()) == [
         "0_none_seed1.json.gz",
         "1_none_seed2.json.gz",

@@ -20,6 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli.common import CONFIG_DIR, build_corpus, plain, typed, user_errors
+from nmt.cli.strict import strict_keys
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
 
@@ -70,9 +71,11 @@ def run(cfg: DictConfig) -> dict:
         "tgt_lang": corpus.tgt_lang,
         "step": payload.get("step"),
     }
-    return evaluate(translator, corpus.splits[cfg.split], edges, int(cfg.heatmaps), out_dir, cfg.split, meta)
+    pairs = corpus.splits[cfg.split]
+    return evaluate(translator, pairs, edges, int(cfg.heatmaps), out_dir, cfg.split, meta, progress=True)
 
 
+@strict_keys("evaluate")  # a misspelt key, with or without +: one line, exit 2 (nmt.cli.strict)
 @hydra.main(config_path=CONFIG_DIR, config_name="evaluate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from nmt.evaluation import format_report

@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from nmt.cli.common import CONFIG_DIR, load_data, user_errors
+from nmt.cli.strict import strict_keys
 
 
 def summarize(data) -> str:
@@ -40,6 +41,7 @@ def summarize(data) -> str:
     return "\n".join(lines)
 
 
+@strict_keys("prepare")  # a misspelt key, with or without +: one line, exit 2 (nmt.cli.strict)
 @hydra.main(config_path=CONFIG_DIR, config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with user_errors():

@@ -27,10 +27,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from nmt.cli.common import CONFIG_DIR, build_model_config, build_run, load_data, typed, user_errors
+from nmt.cli.rerun import continue_interrupted, done_message, no_empty_run_dir, this_command
+from nmt.cli.strict import strict_keys
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
 from nmt.resume import last_checkpoint
 from nmt.rundir import claim, tidy
+from nmt.threads import parse as parse_threads
 
 log = logging.getLogger("nmt.train")
 
@@ -38,13 +41,14 @@ log = logging.getLogger("nmt.train")
 def resume_plan(value: str | None, run_dir: Path, overwrite: bool = False) -> tuple[str | None, list[Path]]:
     """(the checkpoint to resume from, or None for a fresh run; what trainer.overwrite deletes first).
 
-    trainer.resume is auto (or null: the same), a run directory (its checkpoints/last.pt) or a checkpoint. auto
-    continues this run directory's checkpoints/last.pt where there is one. A fresh run, or a resume from another
-    run's checkpoint, in a run directory that already holds checkpoints would overwrite them: refused, unless
-    `overwrite`, which deletes this run directory's checkpoints, metrics.json, valid/ and tensorboard/ first.
+    trainer.resume is auto (or null: the same), never, a run directory (its checkpoints/last.pt) or a checkpoint.
+    auto continues this run directory's checkpoints/last.pt where there is one; never starts afresh. A fresh run,
+    or a resume from another run's checkpoint, in a run directory that already holds checkpoints would overwrite
+    them: refused, unless `overwrite`, which deletes this run directory's checkpoints, metrics.json, valid/ and
+    tensorboard/ first.
     """
     source = None
-    if value not in (None, "auto"):
+    if value not in (None, "auto", "never"):
         p = Path(value)
         source = value
         if p.is_dir():
@@ -55,7 +59,7 @@ def resume_plan(value: str | None, run_dir: Path, overwrite: bool = False) -> tu
                     "pass a run directory of nmt-train, a .pt file, or auto (this run directory's last checkpoint)"
                 )
             source = str(candidate)
-    elif not overwrite and last_checkpoint(run_dir):
+    elif value != "never" and not overwrite and last_checkpoint(run_dir):
         return str(last_checkpoint(run_dir)), []
     held = sorted((run_dir / "checkpoints").glob("*.pt"))
     if not held or (source is not None and run_dir.resolve() in Path(source).resolve().parents):
@@ -64,9 +68,9 @@ def resume_plan(value: str | None, run_dir: Path, overwrite: bool = False) -> tu
     if not overwrite:
         if source is None:
             raise ConfigError(
-                f"{run_dir} holds checkpoints ({names}) but no checkpoints/last.pt, which a fresh run would "
-                "overwrite; continue from one with trainer.resume=<its path>, train in a fresh directory "
-                "(hydra.run.dir=...), or pass trainer.overwrite=true to delete them and start afresh"
+                f"{run_dir} holds checkpoints ({names}){'' if value == 'never' else ' but no checkpoints/last.pt'}, "
+                "which a fresh run would overwrite; continue from one with trainer.resume=<its path>, train in a fresh "
+                "directory (hydra.run.dir=...), or pass trainer.overwrite=true to delete them and start afresh"
             )
         raise ConfigError(
             f"{run_dir} already holds checkpoints of its own run ({names}), which resuming {source} there would "
@@ -135,8 +139,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         claim(run_dir)  # held until this process exits (a no-op where nmt.cli.callbacks claimed it first)
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
+    parse_threads(tcfg.threads)  # checked now; the Trainer chooses the count (nmt.threads)
     if world > 1 and rank != 0:
         torch.distributed.barrier()  # rank 0 fills the cache first; the others then read it
     data = load_data(cfg)
@@ -161,26 +164,25 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if resume:
         log.info("resuming from %s", resume)
     summary = trainer.train()
-    if rank == 0:
-        best = summary["best"]
-        print(
-            f"done ({summary['stopped_by']}) after {summary['step']} steps, {summary['epoch']} epochs, "
-            f"{summary['train_minutes']} min; best {best.get('metric')} at step {best.get('step')}: "
-            f"BLEU {best.get('bleu')} chrF {best.get('chrf')} ppl {best.get('ppl')} -> {summary['best_checkpoint']}"
-        )
+    if rank == 0:  # an interrupted run: and the command that continues it
+        interrupted = summary["stopped_by"] == "interrupted"
+        print(done_message(summary, this_command(run_dir, world) if interrupted else None))
     if world > 1:  # leave together: a rank that tears gloo down while another still runs can abort at exit
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return summary
 
 
+# a misspelt key: one line (nmt.cli.strict); the same command again continues an interrupted run (nmt.cli.rerun)
+@strict_keys("train", then=continue_interrupted)
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     OmegaConf.set_readonly(cfg, True)
     logging.raiseExceptions = False  # a log line train.log cannot take (a full disk) is dropped, not a traceback;
     # the run's next write (TensorBoard, a checkpoint) then says what is wrong, in one line (nmt.rundir)
-    with user_errors():
-        train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with user_errors(), no_empty_run_dir(run_dir):  # a refused run leaves no directory behind
+        train(cfg, run_dir)
 
 
 if __name__ == "__main__":

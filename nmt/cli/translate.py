@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("checkpoint", help="a checkpoint written by nmt-train, e.g. <run dir>/checkpoints/best.pt")
-    p.add_argument("text", nargs="*", help="sentences to translate (default: each line of stdin)")
+    p.add_argument("text", nargs="*", default=[], help="sentences to translate (default: each line of stdin)")
     p.add_argument(
         "--beam", type=int, default=Decoding.beam_size, metavar="N", help="beam size (default %(default)s: greedy)"
     )

@@ -69,8 +69,22 @@ def _download(file: str, folder: Path) -> None:
 
 
 def _multi30k_folder(root: str | None, files: list[str], download_dir: str) -> Path:
-    if root is not None and Path(root).is_dir():
-        return Path(root)
+    """data.root where given (it must hold `files`: nothing is downloaded then), else the download folder."""
+    if root is not None:
+        folder = Path(root)
+        if not folder.is_dir():
+            raise DataError(
+                f"data.root={root}: no such folder; pass the folder that holds the Multi30k task1 raw files "
+                f"({files[0]}, ...), or leave data.root out to download them into {download_dir}"
+            )
+        missing = [f for f in files if not (folder / f).is_file()]
+        if missing:
+            raise DataError(
+                f"data.root={root}: lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                f"({len(missing)} of the {len(files)} files this language pair needs); pass the folder that holds "
+                "the Multi30k task1 raw files, or leave data.root out to download them"
+            )
+        return folder
     folder = Path(download_dir)
     for file in files:
         path = folder / file

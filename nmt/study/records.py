@@ -144,7 +144,7 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
     for name, pairs in sets.items():
         references = [t for _, t in pairs]
         k = int(name.rsplit("_k", 1)[1]) if name != split else 1
-        results = {dec: evaluate(t, pairs, [0], 0, None, name) for dec, t in translators.items()}
+        results = {dec: evaluate(t, pairs, [0], 0, None, name, progress=True) for dec, t in translators.items()}
         out_sets[name] = {
             "k": k,
             "sizes": [k] * len(window_starts(window_units, k)),
