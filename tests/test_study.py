@@ -302,6 +302,16 @@ def test_runs_trained_before_a_config_key_existed_compare_as_its_neutral_value()
         check_comparable([old, new, layered], ["a", "b", "c"])
 
 
+def test_the_keys_that_say_how_to_resume_do_not_stop_old_records_combining():
+    """trainer.resume_fallback (issue 51) arrived after seeds 1, 4, 5 were trained: a run that has it and one
+    that lacks it still form one study, since where a resume may fall back changes nothing learnt."""
+    old = fake_record("a", "none", 1, 1)["config"]
+    new = fake_record("b", "bahdanau", 1, 2)["config"]
+    new["trainer"].update(resume_fallback=False, resume="auto", resume_changes="refuse")
+    check_comparable([old, new], ["a", "b"])
+    assert differing_keys([old, new]) == ["attention.name"]
+
+
 def test_automatic_edges_are_the_finest_with_enough_items():
     uniform = [n for n in range(3, 41) for _ in range(16)]  # 3-40 words, 16 items each
     assert choose_edges(uniform, 80) == ([0, 10, 20, 30], True)  # 40+ holds only 16: the 5-bucket sets fail

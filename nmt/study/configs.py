@@ -28,6 +28,7 @@ IGNORED_KEYS = (
     "trainer.progress",
     "trainer.resume",
     "trainer.resume_changes",  # the keys a resume changed are in the record (resumed_with_changes)
+    "trainer.resume_fallback",  # which checkpoint a resume may fall back to (issue 51): not what is learnt
     "trainer.overwrite",
     "trainer.threads",
     "trainer.log_every",
