@@ -639,7 +639,9 @@ def test_study_writes_records_tables_and_figures(study):
                 assert row["ci_test"][0] <= row["ci_test"][1]
         for x in res["interaction"].values():
             assert isinstance(x["difference"], float) and x["k"] == 2 and x["seeds"] == 2
-            assert x["ci_seeds"][0] <= x["difference"] <= x["ci_seeds"][1] and x["ci_test"][0] <= x["ci_test"][1]
+            assert x["ci_seeds"][0] <= x["difference"] <= x["ci_seeds"][1]
+            # this tiny model's k=1 BLEU can be 0 in a draw: no ratio there; too many such draws, no interval
+            assert x["ci_test"][0] <= x["ci_test"][1] if x["ci_test"] else x["draws_undefined"] > 0.025 * B
         assert "bahdanau" in res["interaction"] or any("BLEU 0 at k=1" in n for n in summary["notes"])
         for k in ("1", "2", "3"):
             cell = res["paired"]["bahdanau"][k]

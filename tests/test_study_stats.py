@@ -236,6 +236,21 @@ def test_interaction_by_hand():
     assert x["ci_seeds"] == [round(v, 3) for v in t_interval(per_seed)]
 
 
+def test_interaction_leaves_out_draws_without_a_ratio():
+    """A seed whose k=1 BLEU is 0 in some draws (it translates only the first window's captions): those draws
+    have no ratio. Few of them: the interval is over the others; more than its 2.5% tail: no interval, never NaN."""
+    junk = ["xx yy zz qq", "qq zz yy xx"]
+    weak = (_out([*REFS[:2], *junk], REFS), _out(_joined(SYS), _joined(REFS)))
+    system = [(_out(SYS), _out(_joined(SYS), _joined(REFS))), weak]
+    baseline = [(_out(BASE), _out(_joined(BASE), _joined(REFS))), (_out(SYS), _out(_joined(BASE), _joined(REFS)))]
+    counts = COUNTS[:, :2].astype(float)  # two of the six draws hold the second window only
+    x = interaction(system, baseline, (np.arange(4), np.repeat(counts, 2, axis=1), counts))
+    assert x["draws_undefined"] == 2 and x["ci_test"] is None and np.isfinite(x["difference"])
+    counts = np.array([[1.0, 1.0]] * 79 + [[0.0, 2.0]])  # one draw of 80 without a ratio: 1.25%
+    x = interaction(system, baseline, (np.arange(4), np.repeat(counts, 2, axis=1), counts))
+    assert x["draws_undefined"] == 1 and x["ci_test"] == [x["difference"], x["difference"]]
+
+
 # ------------------------------------------------------------------------- sacrebleu's own paired test
 def _sacrebleu_p(base: list[str], system: list[str], refs: list[str], samples: int) -> float:
     from sacrebleu.metrics import BLEU

@@ -230,20 +230,31 @@ def interaction(
     """How much better a system holds its BLEU over length than the baseline: per seed, its ratio (k=K over
     k=1, `ratio`) minus the baseline's (same seed), averaged over seeds; a t-interval over the seeds'
     differences ("ci_seeds", None for one seed) and a percentile interval over draws of the test set's blocks
-    of K captions, k=1 and k=K drawn together ("ci_test"). `system`, `baseline`: per seed (k=1, k=K)."""
+    of K captions, k=1 and k=K drawn together ("ci_test"). `system`, `baseline`: per seed (k=1, k=K).
+
+    A draw in which some seed's BLEU at k=1 is 0 (a weak model on a small test set) has no ratio: the test
+    interval is taken over the other draws, and "draws_undefined" counts those left out; where they are more
+    than the interval's tail (2.5% of the draws) the interval would hide them, and "ci_test" is None."""
     items, w1, w_k = blocks
 
     def ratios(outs: Sequence[tuple[Output, Output]]) -> tuple[np.ndarray, np.ndarray]:
         point = np.array([ratio(o, items) for o in outs])
-        draws = np.stack([bleu_draws(b.stats, w_k) / bleu_draws(a.stats[items], w1) for a, b in outs], 1)
-        return point, draws  # (S,), (B, S)
+        short = np.stack([bleu_draws(a.stats[items], w1) for a, _ in outs], 1)  # (B, S)
+        long = np.stack([bleu_draws(b.stats, w_k) for _, b in outs], 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return point, np.where(short > 0, long / np.where(short > 0, short, 1.0), np.nan)  # (S,), (B, S)
 
     (sys_point, sys_draws), (base_point, base_draws) = ratios(system), ratios(baseline)
     per_seed = sys_point - base_point
+    differences = (sys_draws - base_draws).mean(1)  # (B,) nan where a seed's draw has no ratio
+    defined = np.isfinite(differences)
+    undefined = int((~defined).sum())
+    enough = undefined <= (1 - LEVEL) / 2 * differences.size
     return {
         "difference": round(float(np.mean(per_seed)), 3),
         "per_seed": [round(float(d), 3) for d in per_seed],
         "ci_seeds": _rounded(t_interval(per_seed), 3),
-        "ci_test": _rounded(percentile_interval((sys_draws - base_draws).mean(1)), 3),
+        "ci_test": _rounded(percentile_interval(differences[defined]), 3) if enough else None,
+        "draws_undefined": undefined,
         "seeds": len(system),
     }
