@@ -34,9 +34,11 @@ class Amp(Choice):
 
 class Kernels(Choice):
     """The additive energy's kernels in training (nmt.kernels.compiled): eager (the default) never compiles; auto
-    compiles with torch.compile on a CPU with a C++ compiler, else eager; compiled insists."""
+    compiles with torch.compile on a CPU with a C++ compiler, else eager; auto_fp32 does what auto does where
+    training runs in fp32 and stays eager under bf16; compiled insists."""
 
     auto = "auto"
+    auto_fp32 = "auto_fp32"
     compiled = "compiled"
     eager = "eager"
 

@@ -71,14 +71,18 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps, (N, V) = ctx.eps, logits.shape
         scale = grad * real  # (N,)
         out = torch.empty_like(logits)
+        in_place = out.dtype == torch.float32  # fp32 logits: each piece is computed where it goes, no copy
         piece = work_sizes(logits.device).loss_rows or max(N, 1)
         for r0 in range(0, N, piece):
             r1 = min(N, r0 + piece)
-            g = torch.sub(logits[r0:r1], lse[r0:r1, None]).exp_()  # (rows, V) fp32: the softmax
+            g = torch.sub(logits[r0:r1], lse[r0:r1, None], out=out[r0:r1] if in_place else None)
+            g.exp_()  # (rows, V) fp32: the softmax
             if eps:
                 g.sub_(eps / V)
             g.scatter_add_(1, target[r0:r1, None], g.new_full((r1 - r0, 1), -(1 - eps)))
-            out[r0:r1] = g.mul_(scale[r0:r1, None])
+            g.mul_(scale[r0:r1, None])
+            if not in_place:
+                out[r0:r1] = g  # to the logits' dtype
         return out, None, None
 
 

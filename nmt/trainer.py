@@ -83,7 +83,9 @@ class TrainerConfig:
     length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     max_bad_steps: int = 5  # consecutive non-finite losses before giving up
     amp: Amp = Amp.auto  # auto (bf16 where the hardware has it: CUDA, CPUs with AVX-512 BF16/AMX) | bf16 | off
-    kernels: Kernels = Kernels.eager  # eager | auto (additive energy compiled on a CPU with a C++ compiler) | compiled
+    # eager | auto (the decoder step's kernels compiled on a CPU with a C++ compiler) | auto_fp32 (auto where the
+    # step runs in fp32, eager under bf16) | compiled
+    kernels: Kernels = Kernels.eager
     progress: bool = True
 
 
@@ -178,8 +180,8 @@ class Trainer:
             config.bucketing,
         )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
-        why = choose_kernels(config.kernels, self.device)[1]
-        self.kernels = set_kernels(config.kernels, self.device).value  # resolved (nmt.kernels.compiled)
+        why = choose_kernels(config.kernels, self.device, bf16)[1]
+        self.kernels = set_kernels(config.kernels, self.device, bf16).value  # resolved (nmt.kernels.compiled)
         log.info("kernels: %s (%s)", self.kernels, why)
         plan, why = choose_plan(self.device)
         log.info("device plan: %s", why)

@@ -106,6 +106,14 @@ def test_kernels_choice_says_why(monkeypatch):
         "trainer.kernels=auto: the compiled kernels are CPU code, this is cuda",
     )
     assert compiled.choose_kernels("eager", "cpu") == ("eager", "trainer.kernels=eager")
+    kernels, why = compiled.choose_kernels("auto_fp32", "cpu")  # fp32 training: as auto
+    assert kernels == "compiled" and why.startswith("trainer.kernels=auto_fp32: fp32 on a CPU with a C++ compiler")
+    assert compiled.choose_kernels("auto_fp32", "cpu", bf16=True) == (
+        "eager",
+        "trainer.kernels=auto_fp32: training runs in bf16, where the eager kernels were measured",
+    )
+    assert compiled.choose_kernels("auto_fp32", "cuda")[0] == "eager"
+    assert compiled.choose_kernels("auto", "cpu", bf16=True)[0] == "compiled"  # auto: bf16 too
     monkeypatch.setattr(compiled, "has_compiler", lambda: False)
     kernels, why = compiled.choose_kernels("auto", "cpu")
     assert kernels == "eager" and "no C++ compiler on PATH" in why

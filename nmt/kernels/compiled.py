@@ -14,13 +14,15 @@ result on disk, so later processes take a few seconds).
 One step of RNNsearch's attention is such a hand-written kernel (nmt.kernels.attention_step): Inductor's C++
 toolchain builds it with the same compiler, flags and vector ISA as its own kernels (a second or two).
 
-`eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's preset) uses compiled
-kernels on a CPU where a C++ compiler is found, eager ones elsewhere (CUDA is unmeasured); `compiled`
-insists (a failed compilation is an error naming the fix). Compiling costs: torch's compiler stack adds about
-165 MB to the process (measured on one machine) and the first batches wait for it, so the default stays
-eager. The choice is process-wide, like torch.backends' settings, and eager unless a Trainer set it: the
-decoding commands start in a second rather than compile. Where `auto` meets a failed compilation it warns
-once and goes on eagerly. Both paths compute the same arithmetic, each tested against the plain form.
+`eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's preset) uses compiled kernels on
+a CPU where a C++ compiler is found, eager ones elsewhere (CUDA is unmeasured); `auto_fp32` (the multi30k_deen
+preset's) does what `auto` does where training runs in fp32 and stays eager under bf16, whose speed was measured
+with the eager kernels; `compiled` insists (a failed compilation is an error naming the fix). Compiling costs:
+torch's compiler stack adds about 165 MB to the process (measured on one machine) and the first batches wait for
+it, so the default stays eager. The choice is process-wide, like torch.backends' settings, and eager unless a
+Trainer set it: the decoding commands start in a second rather than compile. Where `auto` meets a failed
+compilation it warns once and goes on eagerly. Both paths compute the same arithmetic, each tested against the
+plain form.
 """
 
 from __future__ import annotations
@@ -67,28 +69,33 @@ def has_compiler() -> bool:
     return compiler() is not None
 
 
-def choose_kernels(value: Kernels | str, device: torch.device | str = "cpu") -> tuple[Kernels, str]:
-    """What `value` (trainer.kernels) resolves to on `device`, and why, in words for the Trainer's log line,
-    e.g. "trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++); Inductor vectorises for AVX512"."""
+def choose_kernels(value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False) -> tuple[Kernels, str]:
+    """What `value` (trainer.kernels) resolves to on `device`, training under bf16 autocast or not, and why, in
+    words for the Trainer's log line, e.g. "trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++);
+    Inductor vectorises for AVX512"."""
     value = choice(Kernels, value, "trainer.kernels")
-    if value != Kernels.auto:
+    if value not in (Kernels.auto, Kernels.auto_fp32):
         return value, f"trainer.kernels={value}"
     if torch.device(device).type != "cpu":
         return (
             Kernels.eager,
-            f"trainer.kernels=auto: the compiled kernels are CPU code, this is {torch.device(device).type}",
+            f"trainer.kernels={value}: the compiled kernels are CPU code, this is {torch.device(device).type}",
         )
+    if value == Kernels.auto_fp32 and bf16:
+        return Kernels.eager, "trainer.kernels=auto_fp32: training runs in bf16, where the eager kernels were measured"
     if not has_compiler():
-        return Kernels.eager, "trainer.kernels=auto: no C++ compiler on PATH (CXX, c++, g++, clang++)"
+        return Kernels.eager, f"trainer.kernels={value}: no C++ compiler on PATH (CXX, c++, g++, clang++)"
     found = compiler() or "a C++ compiler"
     isa = torch.backends.cpu.get_cpu_capability()  # Inductor's vector ISA follows it (ATEN_CPU_CAPABILITY)
-    return Kernels.compiled, f"trainer.kernels=auto: a CPU with a C++ compiler ({found}); Inductor vectorises for {isa}"
+    where = "a CPU" if value == Kernels.auto else "fp32 on a CPU"
+    why = f"trainer.kernels={value}: {where} with a C++ compiler ({found}); Inductor vectorises for {isa}"
+    return Kernels.compiled, why
 
 
-def set_kernels(value: Kernels | str, device: torch.device | str = "cpu") -> Kernels:
+def set_kernels(value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False) -> Kernels:
     """Choose the kernels for this process (see the module docstring and choose_kernels); returns what `value`
     resolved to."""
-    resolved, _ = choose_kernels(value, device)
+    resolved, _ = choose_kernels(value, device, bf16)
     _state.update(kernels=resolved, strict=choice(Kernels, value, "trainer.kernels") == Kernels.compiled)
     return resolved
 
