@@ -17,15 +17,15 @@ around long-lived allocations (README, "Performance" names the measurements). Th
   holds every shape one batch uses; a shape it has evicted is rebuilt from oneDNN's cache without compiling
   (0 crashed torch 2.13 when tried: never set it to 0). On the multi30k_deen preset it cut the heap in use
   after the first epoch from 1,064 to 792 MiB with no loss of speed measured (README, "The compiled-kernel cache");
-- glibc's mmap threshold fixed at 128 MiB and its trim threshold at 256 MiB (glibc otherwise moves both as
-  the program runs): tensors of 128 MiB and more are mapped on their own and returned when freed, smaller
+- glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
+  the program runs): tensors of 32 MiB and more are mapped on their own and returned when freed, smaller
   ones reuse the heap's pages. A lower threshold keeps less memory (4 MiB: about 0.4 GiB less on the
   multi30k_deen preset) but every tensor above it is new memory whose pages fault in as they are written,
-  which cost 9% of the training speed when measured (README, "Where the memory went"). 32 / 64 MiB (until
-  2026-12-06) still mapped the fp32 logits of a batch and their gradient (~1,700 rows x 8,000 x 4 bytes,
-  54 MB each) afresh at every step: 128 MiB trained 1.066x faster (median of per-batch ratios, the two
-  thresholds alternating batch by batch in one process, fp32, 2-core AMD EPYC with AVX2 only), at the same
-  peak (1.94 against 1.99 GB over 100 steps, one run each);
+  which cost 9% of the training speed when measured (README, "Where the memory went"). A higher one keeps
+  the fp32 logits of a batch and their gradient (~1,700 rows x 8,000 x 4 bytes, 54 MB each) in the heap:
+  128 / 256 MiB trained the multi30k_deen preset in fp32 at 133.2 against 132.0 sentences/s and 2,487 against
+  2,354 MiB peak (`python scripts/memory_trace.py --seconds 150`, 2-core AMD EPYC with AVX2 only, one run
+  each, 2026-12-06), so the thresholds stay;
 
 Not set: THP_MEM_ALLOC_ENABLE (torch's transparent huge pages for tensors of 2 MiB and more; one of these
 settings until 2026-12-02). torch then asks the kernel for huge pages on every large tensor, and where the
@@ -63,7 +63,7 @@ ENV_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096", "LRU_CACHE_CAPACITY":
 # every variable the settings read (a value already in the environment wins; the switch turns them all off)
 VARIABLES = (*ENV_DEFAULTS, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "NMT_TUNE_ALLOCATOR", "NMT_MALLOC")
 MIB = 1024 * 1024
-MMAP_THRESHOLD, TRIM_THRESHOLD = 128 * MIB, 256 * MIB  # bytes, training (and every entry point until it decodes)
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * MIB, 64 * MIB  # bytes, training (and every entry point until it decodes)
 DECODE_MMAP_THRESHOLD, DECODE_TRIM_THRESHOLD = 256 * MIB, 1024 * MIB  # bytes, processes that only decode
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers in glibc's malloc.h
 

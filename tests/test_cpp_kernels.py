@@ -295,12 +295,13 @@ def test_the_kernels_build_without_a_vector_isa(compiled, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compiled):
-    """A step weight packed for oneDNN (fp32 always, bf16 where the compiled kernels run): x W^T and the input
-    gradient g W of steps with any number of rows, and the weight's gradient summed over them, are the plain
-    products'."""
+def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compiled, monkeypatch):
+    """A step weight packed for oneDNN (bf16 where the compiled kernels run; fp32 only when asked, as here: it is
+    not packed in training, nmt.kernels.stepweight.Packed says why): x W^T and the input gradient g W of steps
+    with any number of rows, and the weight's gradient summed over them, are the plain products'."""
     import torch.nn.functional as F
 
+    import nmt.kernels.stepweight as stepweight
     from nmt.device import native_bf16
     from nmt.kernels.stepweight import StepWeight
 
@@ -309,6 +310,8 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compil
     g = torch.Generator().manual_seed(8)
     weight = torch.randn(24, 40, generator=g).to(dtype).requires_grad_()
     xs = [torch.randn(n, 40, generator=g).to(dtype).requires_grad_() for n in (7, 32, 33, 1)]
+    assert (StepWeight.of(weight, None).packed is None) == (dtype == torch.float32)  # what training does
+    monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32, torch.bfloat16))
     step = StepWeight.of(weight, None)
     assert step.packed is not None
     ours = sum((step(x).float() * (i + 1)).sum() for i, x in enumerate(xs))
@@ -320,8 +323,8 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compil
     torch.testing.assert_close(ours.double(), plain, rtol=scale, atol=0)
     for a, b in zip(grads, ref, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=scale * b.abs().max().item())
-    set_kernels("eager")  # eager kernels: fp32 weights still packed (oneDNN's op, nothing compiled), bf16 not
-    assert (StepWeight.of(weight, None).packed is None) == (dtype == torch.bfloat16)
+    set_kernels("eager")
+    assert StepWeight.of(weight, None).packed is None  # eager kernels: F.linear and mm
 
 
 def test_packing_turns_off_where_onednn_refuses(monkeypatch, compiled):
@@ -333,6 +336,7 @@ def test_packing_turns_off_where_onednn_refuses(monkeypatch, compiled):
         raise RuntimeError("no packing here")
 
     monkeypatch.setitem(stepweight._PACKING, "works", True)
+    monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32,))  # an fp32 weight: packed when asked
     monkeypatch.setattr(stepweight, "_reorder", refuse)
     weight = torch.randn(6, 5, requires_grad=True)
     step = stepweight.StepWeight.of(weight, None)

@@ -82,7 +82,7 @@ libc = glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 
-def mapped_alone(size=192 << 20):  # is a block of `size` bytes mapped on its own (not taken from the heap)?
+def mapped_alone(size=64 << 20):  # is a block of `size` bytes mapped on its own (not taken from the heap)?
     before = heap_bytes()[2]
     block = libc.malloc(size)
     alone = heap_bytes()[2] - before >= size
@@ -114,7 +114,7 @@ glibc_only = pytest.mark.skipif(
 
 @glibc_only
 def test_decoding_takes_large_blocks_from_the_heap():
-    # training maps a 192 MiB block on its own (returned when freed); the decoding commands reuse heap pages
+    # training maps a 64 MiB block on its own (returned when freed); the decoding commands reuse heap pages
     out = decoding_probe()
     assert out["training"] and not out["decoding"]
     assert set(out["applied"]) == {"decoding: malloc mmap threshold", "decoding: malloc trim threshold"}

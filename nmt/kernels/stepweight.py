@@ -10,8 +10,8 @@ the shared tensor's backward, which autograd runs after every step's, does the o
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
 
-On a CPU the weight is also packed once per batch into oneDNN's layout for the steps' products (`Packed`:
-fp32 always, bf16 where the compiled kernels run).
+Where the compiled kernels run (trainer.kernels) on a CPU with bf16 hardware, a bf16 weight is also packed once
+per batch into oneDNN's layout for the steps' products (`Packed`; fp32 weights are not: see there).
 
 The attention's values (and the keys of the matmul scores) are the same for a batch of matrices, one per
 sentence: `StepMatrix.of(values, dtype)` hands them to the steps, each step's a_t M records (a_t, g_t), and the
@@ -101,12 +101,15 @@ class Packed(NamedTuple):
     the cache W is read from memory at every step; oneDNN then also copies W into its blocked layout for each
     call. Packed once per batch (`pack`), a step reads the blocked copy only: on the AMD EPYC measured, 22 rows
     by a (1024, 512) weight took 162 instead of 210 us in bf16 and 265 instead of 390 in fp32 (README "Long
-    inputs"); on a 2-core AMD EPYC with AVX2 only, 107 rows (a multi30k_deen step) by the decoder LSTM's
-    (2048, 1024) took 3.05 instead of 3.85 ms forward and 2.91 instead of 3.64 backward (MKL's SGEMM).
-    On a CPU: fp32 weights always (fp32 is what a CPU without bf16 hardware trains in, under every
-    trainer.kernels), bf16 ones on a CPU with bf16 hardware where the compiled kernels run (trainer.kernels,
-    nmt.kernels.compiled; eager bf16 packing was never measured). The products are the same up to the order
-    of fp32 sums."""
+    inputs"). Packed where the compiled kernels run (trainer.kernels, nmt.kernels.compiled), on a CPU with bf16
+    hardware, in bf16; the products are the same up to the order of fp32 sums.
+
+    fp32 weights are not packed (they were until 2026-12-06): fp32 steps keep their exact row counts (rows are
+    rounded to a few shapes only under autocast), so oneDNN builds and keeps a kernel for nearly every step of
+    every batch. On a 2-core AMD EPYC with AVX2 only, the multi30k_deen preset in fp32 with the compiled
+    kernels (`python scripts/memory_trace.py --seconds 150`, one run each) trained 133.2 sentences/s at 2,487
+    MiB peak with fp32 packing against 132.4 at 1,866 MiB without it: 600 MiB for no speed, though one step's
+    product alone, 107 rows by (2048, 1024), took 3.05 instead of 3.85 ms packed."""
 
     forward: Tensor
     backward: Tensor
@@ -114,10 +117,9 @@ class Packed(NamedTuple):
     @staticmethod
     def pack(weight: Tensor) -> Packed | None:
         """W packed (see the class), or None where it is not (the step then calls F.linear and mm)."""
-        if not _PACKING["works"] or weight.device.type != "cpu":
+        if not _PACKING["works"] or weight.device.type != "cpu" or kernels() != Kernels.compiled:
             return None
-        bf16 = weight.dtype == torch.bfloat16 and native_bf16("cpu") and kernels() == Kernels.compiled
-        if weight.dtype != torch.float32 and not bf16:
+        if weight.dtype not in _PACKING["dtypes"] or (weight.dtype == torch.bfloat16 and not native_bf16("cpu")):
             return None
         try:
             w = weight.detach()
@@ -133,7 +135,8 @@ class Packed(NamedTuple):
 
 
 PACK_ROWS = 32  # the row count oneDNN packs for: a hint (a step's products take any number of rows)
-_PACKING = {"works": torch.backends.mkldnn.is_available()}
+# whether oneDNN packs here, and the dtypes packed (fp32 not: see Packed; the tests add it to check the products)
+_PACKING = {"works": torch.backends.mkldnn.is_available(), "dtypes": (torch.bfloat16,)}
 
 
 def _reorder(weight: Tensor) -> Tensor:
