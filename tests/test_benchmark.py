@@ -163,7 +163,7 @@ def test_tiny_run_writes_the_expected_json(tiny):
         (flops["fraction_of_matmul"] + flops["fraction_of_matmul_after"]) / 2, abs=1e-4
     )
     positive(report["model"], "parameters")
-    assert len(report["floors"]) == 5
+    assert len(report["floors"]) == 6
 
 
 def test_peers_side_by_side_and_a_failing_peer(tiny):
