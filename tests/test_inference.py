@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib.image
 import pytest
 import torch
 
 from nmt.attention import ATTENTIONS
+from nmt.decoder import DecoderState
 from nmt.evaluation import evaluate, format_report, heatmap_picks
 from nmt.model import ModelConfig, Seq2Seq
-from nmt.search import beam_search, greedy, search
-from nmt.tokenizer import EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from nmt.search import beam_search, greedy, length_penalty, search
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 from nmt.translator import Translation, Translator
 
 BIN = Path(sys.executable).parent
@@ -144,6 +147,86 @@ def test_done_sentences_leaving_the_greedy_batch_changes_no_result(attention, mo
             torch.testing.assert_close(ours[0].attention, ref[0].attention, rtol=1e-4, atol=1e-5)
 
 
+@torch.no_grad()
+def plain_beam_search(model, src, n, K, nbest, alpha, limit):
+    """One sentence, written out without batching: the K best prefixes by log-probability; a hypothesis ends at
+    EOS or at the limit among a step's K best candidates; done when the step's best candidate is EOS and nbest
+    have ended, when K have ended, or at the limit. Returns [(score / length penalty, tokens)] best first."""
+    enc, keys, values, state = model.encode(src[None, :n], torch.tensor([n]))
+    beams, finished = [(0.0, [], state)], []
+    for t in range(limit):
+        candidates = []
+        for score, tokens, st in beams:
+            prev = torch.tensor([tokens[-1] if tokens else BOS_ID])
+            logits, new_state, _ = model.decoder.step(prev, st, keys, values, enc.mask)
+            logp = logits[0].double().log_softmax(-1)
+            logp[PAD_ID] = logp[BOS_ID] = float("-inf")
+            candidates += [(score + float(logp[v]), [*tokens, v], new_state) for v in range(logp.numel())]
+        candidates = sorted(candidates, key=lambda c: -c[0])[: 2 * K]
+        beams = []
+        for rank, (score, tokens, st) in enumerate(candidates):
+            eos = tokens[-1] == EOS_ID
+            if rank < K and (eos or t + 1 == limit):
+                finished.append((score / length_penalty(t + 1, alpha), tokens[:-1] if eos else tokens))
+            if not eos and len(beams) < K:
+                beams.append((score, tokens, st))
+        if len(finished) >= K or (candidates[0][1][-1] == EOS_ID and len(finished) >= nbest):
+            break
+    return sorted(finished, key=lambda h: -h[0])[:nbest]
+
+
+@pytest.mark.parametrize("nbest", [1, 3])
+@pytest.mark.parametrize("attention", ["bahdanau", "luong"])
+def test_beam_search_equals_a_plain_search_one_sentence_at_a_time(attention, nbest):
+    model = small_model(attention, seed=3)
+    src, lengths = random_batch(LENGTHS, seed=4)
+    fast = beam_search(model, src, lengths, beam_size=3, nbest=nbest, alpha=1.0, max_len_ratio=1.0, max_len_extra=4)
+    for b, n in enumerate(lengths.tolist()):
+        plain = plain_beam_search(model, src[b], n, 3, nbest, 1.0, n + 4)
+        assert [h.tokens for h in fast[b]] == [tokens for _, tokens in plain]
+        assert [h.score for h in fast[b]] == pytest.approx([score for score, _ in plain], abs=1e-4)
+
+
+class ScriptedModel:
+    """A model whose next-word probabilities depend on the previous word alone (TABLE), for beam search."""
+
+    A, B = 4, 5  # two words besides EOS
+    TABLE = {BOS_ID: {EOS_ID: 0.5, A: 0.3, B: 0.2}, A: {A: 0.9, EOS_ID: 0.1}, B: {EOS_ID: 0.99, A: 0.01}}
+
+    def __init__(self):
+        self.decoder = self
+        self.output = torch.nn.Linear(1, 6)  # out_features: the vocabulary
+
+    def encode(self, src, lengths):
+        B = src.size(0)
+        state = DecoderState(torch.zeros(1, B, 1), torch.zeros(1, B, 1), torch.zeros(B, 1))
+        mask = src != PAD_ID
+        return SimpleNamespace(mask=mask), src[..., None].float(), src[..., None].float(), state
+
+    def step_params(self, device):
+        return None
+
+    def step(self, prev, state, keys, values, mask, params):
+        logits = torch.full((prev.size(0), 6), -1e9)
+        for row, word in enumerate(prev.tolist()):
+            for nxt, p in self.TABLE[word].items():
+                logits[row, nxt] = math.log(p)
+        return logits, state, mask.float() / mask.sum(1, keepdim=True)
+
+
+def test_beam_search_stops_when_the_best_candidate_ends():
+    """At step 0 EOS is the best candidate (p 0.5): the search stops there, as OpenNMT-py's and JoeyNMT's do,
+    although "B EOS" (p 0.198) would score better under a strong length penalty ((7/6) ** 6 = 2.52 at length 2).
+    Asked for two hypotheses, it goes on until two have ended, and then returns that better one first."""
+    src, lengths = torch.tensor([[6, EOS_ID]]), torch.tensor([2])
+    model = ScriptedModel()
+    (best,) = beam_search(model, src, lengths, beam_size=2, nbest=1, alpha=6.0)
+    assert [h.tokens for h in best] == [[]] and best[0].score == pytest.approx(math.log(0.5))
+    (two,) = beam_search(model, src, lengths, beam_size=2, nbest=2, alpha=6.0)
+    assert [h.tokens for h in two] == [[ScriptedModel.B], []]
+    assert two[0].score == pytest.approx(math.log(0.2 * 0.99) / (7 / 6) ** 6)
+
+
 def test_nbest_is_sorted_by_score_and_starts_with_the_best():
     model = small_model("luong")
     src, lengths = random_batch(LENGTHS)
@@ -153,7 +236,9 @@ def test_nbest_is_sorted_by_score_and_starts_with_the_best():
         assert 1 <= len(hyps) <= 4
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
-        assert hyps[0].tokens == top[0].tokens
+        # the search for nbest=4 runs on from where nbest=1 stops: its finished hypotheses include those
+        assert hyps[0].score >= top[0].score - 1e-6
+        assert any(h.tokens == top[0].tokens for h in hyps) or len(hyps) == 4
 
 
 # ------------------------------------------------------------------------------------------- translator
