@@ -189,17 +189,19 @@ class Decoder(nn.Module):
         mask: Tensor,
         rows: Tensor | None = None,
         tgt_lengths: Tensor | None = None,
+        logits: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """Teacher forcing: tgt_in (B, T) -> (logits (B, T, V), weights (B, T, S)).
 
         With `rows` (N,), flat indices into the B x T positions (nmt.loss.loss_rows), the output layer runs
         on those positions only and the logits are (N, V), in the order of `rows`. `tgt_lengths` (B,), on the
         host, the targets' lengths (nmt.data.Batch): the loop's rows are then counted from them (active_rows),
-        with nothing read back from tgt_in's device."""
+        with nothing read back from tgt_in's device. With `logits=False` the output layer's input h~ comes
+        back instead of its output ((B, T, H) or (N, H)): nmt.loss.output_loss_sum runs the layer itself."""
         attn_h, weights = self._attentional_states(tgt_in, state, keys, values, mask, tgt_lengths)
         if rows is not None:
             attn_h = attn_h.reshape(-1, attn_h.size(-1)).index_select(0, rows)  # (N, H)
-        return self.output(attn_h), weights
+        return (self.output(attn_h) if logits else attn_h), weights
 
     def _attentional_states(
         self,

@@ -86,6 +86,63 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return out, None, None
 
 
+class _OutputLayerCrossEntropy(torch.autograd.Function):
+    """loss_sum(F.linear(hidden, weight, bias), target, eps) with the output layer inside, in fp32: the logits are
+    made `rows` at a time in one buffer, and each piece's gradient (softmax - (1 - eps) onehot - eps / V, zero on
+    PAD targets) is multiplied into the gradients of hidden, weight and bias at once, in the forward pass. So
+    the (N, V) logits and their gradient (54 MB each on the multi30k_deen preset, written to fresh pages every
+    step) never exist, and the backward only scales the three gradients by the incoming one (the loss is the
+    end of the graph: its gradient is a number). Costs the same matmuls as the layer and the loss apart."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, eps: float, rows: int):
+        N, V = hidden.size(0), weight.size(0)
+        real = target != PAD_ID  # (N,)
+        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)  # (N, H), (V, H)
+        grad_bias = torch.zeros_like(bias)  # (V,)
+        buffer = hidden.new_empty(min(rows, N), V)
+        total = hidden.new_zeros(())
+        piece = work_sizes(hidden.device).loss_rows or rows
+        for r0 in range(0, N, rows):
+            r1 = min(N, r0 + rows)
+            z = torch.addmm(bias, hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits
+            for p0 in range(r0, r1, piece):  # cache-sized pieces: each is read and rewritten while it is hot
+                p1 = min(r1, p0 + piece)
+                g, y, keep = z[p0 - r0 : p1 - r0], target[p0:p1, None], real[p0:p1, None]
+                lse = torch.logsumexp(g, dim=-1, keepdim=True)  # (piece, 1)
+                loss = (1 - eps) * (lse - g.gather(1, y))
+                if eps:
+                    loss += eps * (lse - g.mean(dim=-1, keepdim=True))
+                total += loss.masked_fill(~keep, 0.0).sum()
+                g.sub_(lse).exp_()  # the softmax
+                if eps:
+                    g.sub_(eps / V)
+                g.scatter_add_(1, y, g.new_full(y.shape, -(1 - eps)))
+                g.mul_(keep)
+            torch.mm(z, weight, out=grad_hidden[r0:r1])
+            grad_weight.addmm_(z.t(), hidden[r0:r1])
+            grad_bias += z.sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        return grad_hidden * grad, grad_weight * grad, grad_bias * grad, None, None, None
+
+
+OUTPUT_ROWS = 512  # output_loss_sum: rows of logits made at a time (a 16 MB buffer for 8,000 words)
+
+
+def output_loss_sum(hidden: Tensor, output: torch.nn.Linear, target: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """loss_sum(output(hidden), target, label_smoothing) without the (N, V) logits: hidden (N, H) fp32 (the
+    output layer's input at the loss's rows), target (N,) -> () fp32. For fp32 training on a CPU, where the
+    trainer uses it; under autocast and on a GPU the logits are made whole (loss_sum)."""
+    return _OutputLayerCrossEntropy.apply(
+        hidden, output.weight, output.bias, target.reshape(-1), float(label_smoothing), OUTPUT_ROWS
+    )
+
+
 def token_loss(logits: Tensor, target: Tensor, label_smoothing: float = 0.0) -> tuple[Tensor, int]:
     """Summed cross-entropy over real target tokens (padding ignored) and their count.
 

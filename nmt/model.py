@@ -124,10 +124,11 @@ class Seq2Seq(nn.Module):
         tgt_in: Tensor,
         rows: Tensor | None = None,
         tgt_lengths: Tensor | None = None,
+        logits: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """Teacher-forced logits (B, T, V) and attention weights (B, T, S); with `rows` (N,) the logits of
         those flat target positions only, (N, V) (nmt.loss.loss_rows: the loss's positions). `lengths` and
         `tgt_lengths` (B,), on the host: the sources' and targets' real lengths (tgt_lengths: counted from
-        tgt_in when not given)."""
+        tgt_in when not given). `logits=False`: the output layer's input instead of the logits (H, not V)."""
         enc, keys, values, state = self.encode(src, lengths)
-        return self.decoder(tgt_in, state, keys, values, enc.mask, rows, tgt_lengths)
+        return self.decoder(tgt_in, state, keys, values, enc.mask, rows, tgt_lengths, logits)

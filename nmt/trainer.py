@@ -32,13 +32,13 @@ import torch.distributed as dist
 
 from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
-from nmt.data import PreparedData, TokenBatchSampler, padding_overhead, tokenizer_fingerprints
+from nmt.data import Batch, PreparedData, TokenBatchSampler, padding_overhead, tokenizer_fingerprints
 from nmt.device import precision_choice, provenance
 from nmt.device_plan import DevicePlan, choose_plan, imposed
 from nmt.errors import NMTError
 from nmt.feed import BatchFeed
 from nmt.kernels.compiled import choose_kernels, set_kernels
-from nmt.loss import loss_sum
+from nmt.loss import loss_sum, output_loss_sum
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
 from nmt.progress import TrainingBar
@@ -180,6 +180,8 @@ class Trainer:
             config.bucketing,
         )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
+        # fp32 on a CPU: the output layer runs inside the loss, a piece of rows at a time (nmt.loss.output_loss_sum)
+        self.output_in_loss = self.device.type == "cpu" and not bf16
         why = choose_kernels(config.kernels, self.device, bf16)[1]
         self.kernels = set_kernels(config.kernels, self.device, bf16).value  # resolved (nmt.kernels.compiled)
         log.info("kernels: %s (%s)", self.kernels, why)
@@ -569,9 +571,7 @@ class Trainer:
         with imposed(self.plan.work):  # the loss's and the energy's pieces (nmt.device_plan)
             # each batch on the device with its loss rows, the real target positions and a few padded ones: (N,)
             for batch, rows in self.feed.take(self.train_split, group, upcoming):
-                with self.autocast():
-                    logits, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths)
-                loss = loss_sum(logits, batch.tgt_out.reshape(-1)[rows], self.cfg.label_smoothing)  # logits (N, V)
+                loss = self.batch_loss(batch, rows)
                 # DDP averages gradients over ranks; scaling by world_size makes that a sum over the global batch
                 (loss * self.world_size / total_tokens).backward()
                 loss_total += loss.detach()
@@ -593,6 +593,16 @@ class Trainer:
         self.optimizer.step()
         self._last_grad_norm = self.numbers.value(grad_norm)
         return self.numbers.value(loss_total), total_tokens, n_sent * self.world_size
+
+    def batch_loss(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
+        """One batch's summed loss over its loss rows (N,) (nmt.loss.rows_of_lengths), as training takes it:
+        under the run's autocast, and in fp32 on a CPU with the output layer inside the loss (`output_in_loss`)."""
+        target, fused = batch.tgt_out.reshape(-1)[rows], self.output_in_loss  # (N,)
+        with self.autocast():
+            out, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths, not fused)
+        if fused:  # out: the output layer's input (N, H)
+            return output_loss_sum(out, self.module.decoder.output, target, self.cfg.label_smoothing)
+        return loss_sum(out, target, self.cfg.label_smoothing)  # out: the logits (N, V)
 
     def _log_train(self, window: dict, bar: TrainingBar) -> None:
         self.numbers.check(self.cfg.max_bad_steps, self.step)  # a plan that reads the step's numbers only now

@@ -49,8 +49,9 @@ import torch
 from nmt.cli.common import build_run, compose_config, load_data, user_errors
 from nmt.data import EncodedSplit, TokenBatchSampler, collate
 from nmt.device import describe_machine
-from nmt.loss import loss_rows, token_loss
+from nmt.loss import loss_rows
 from nmt.memory import VARIABLES, tune_allocator
+from nmt.special import PAD_ID
 
 VARIANTS = {  # name: (amp, bucketing, input_feeding)
     "fp32-sorted": ("off", "sorted", True),
@@ -131,9 +132,7 @@ def time_variant(cfg, data, steps: int, work: Path, min_source: int = 0) -> dict
         batch = collate(split, indices)
         optimizer.zero_grad(set_to_none=True)
         rows = loss_rows(batch.tgt_out)
-        with trainer.autocast():
-            logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in, rows)
-        loss, n = token_loss(logits, batch.tgt_out.reshape(-1)[rows], tcfg.label_smoothing)
+        loss, n = trainer.batch_loss(batch, rows), int((batch.tgt_out != PAD_ID).sum())  # the Trainer's loss
         (loss / n).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_norm)
         optimizer.step()

@@ -56,7 +56,8 @@ from nmt.cli.common import build_run, compose_config, user_errors
 from nmt.data import collate
 from nmt.decoder import active_rows, first_rows
 from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate
-from nmt.loss import loss_rows, token_loss
+from nmt.loss import loss_rows, output_loss_sum, token_loss
+from nmt.special import PAD_ID
 
 WARMUP = 3
 PHASES = ("encoder", "recurrence without attention", "attention", "output+loss", "optimizer")
@@ -109,6 +110,7 @@ class Phases:
         hook = decoder.output.register_forward_pre_hook(lambda _m, args: captured.update(h=args[0]))
         self.rows = loss_rows(batch.tgt_out)  # the target positions scored, as the Trainer does
         self.target = batch.tgt_out.reshape(-1)[self.rows]  # (N,)
+        self.tokens = int((self.target != PAD_ID).sum())
         with torch.no_grad():
             self.model(batch.src, batch.src_lengths, batch.tgt_in, self.rows)
         hook.remove()
@@ -124,9 +126,7 @@ class Phases:
         """The Trainer's step; returns the optimizer's part of its time."""
         t, model, b = self.trainer, self.model, self.batch
         t.optimizer.zero_grad(set_to_none=True)
-        logits, _ = model(b.src, b.src_lengths, b.tgt_in, self.rows)
-        loss, n = token_loss(logits, self.target, t.cfg.label_smoothing)
-        (loss / n).backward()
+        (t.batch_loss(b, self.rows) / self.tokens).backward()  # the Trainer's forward and loss
         return timed(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), t.cfg.clip_norm), t.optimizer.step()))
 
     def encoder(self) -> None:
@@ -146,9 +146,16 @@ class Phases:
         total.backward()
 
     def output_loss(self) -> None:
-        h = self.decoder_out.clone().requires_grad_()
-        loss, n = token_loss(self.model.decoder.output(h), self.target, self.trainer.cfg.label_smoothing)
-        (loss / n).backward()
+        h, output, eps = (
+            self.decoder_out.clone().requires_grad_(),
+            self.model.decoder.output,
+            self.trainer.cfg.label_smoothing,
+        )
+        if self.trainer.output_in_loss:  # as the Trainer computes it (fp32 on a CPU: the layer inside the loss)
+            loss = output_loss_sum(h, output, self.target, eps)
+        else:
+            loss = token_loss(output(h), self.target, eps)[0]
+        (loss / self.tokens).backward()
 
 
 def operators(steps: list[Phases], tokens: int, top: int) -> tuple[float, list[dict]]:

@@ -1,0 +1,67 @@
+"""The output layer inside the loss (nmt.loss.output_loss_sum, fp32 training on a CPU) against the layer and
+the loss apart: the same value and the same gradients, whatever the rows, the pieces and the label smoothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt import loss as loss_module
+from nmt.device_plan import WorkSizes, imposed
+from nmt.loss import loss_rows, loss_sum, output_loss_sum
+from nmt.model import ModelConfig, Seq2Seq
+from nmt.special import PAD_ID
+
+
+def gradients(tensors):
+    out = [t.grad.clone() for t in tensors]
+    for t in tensors:
+        t.grad = None
+    return out
+
+
+@pytest.mark.parametrize("N", [1, 5, 16, 17, 40])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("rows, piece", [(16, 16), (8, 3), (64, None)])
+def test_output_layer_in_the_loss_equals_the_layer_then_the_loss(N, smoothing, rows, piece, monkeypatch):
+    monkeypatch.setattr(loss_module, "OUTPUT_ROWS", rows)  # logits made `rows` at a time, `piece` rows per pass
+    torch.manual_seed(N)
+    V, H = 37, 12
+    layer = torch.nn.Linear(H, V)
+    hidden = torch.randn(N, H, requires_grad=True)
+    target = torch.randint(4, V, (N,))
+    target[::3] = PAD_ID  # the loss skips these rows: no loss and no gradient from them
+    params = [hidden, layer.weight, layer.bias]
+    with imposed(WorkSizes(loss_rows=piece, energy_elements=1 << 18)):
+        fused = output_loss_sum(hidden, layer, target, smoothing)
+        (fused * 0.3).backward()
+    got = gradients(params)
+    expected = F.cross_entropy(layer(hidden), target, ignore_index=PAD_ID, label_smoothing=smoothing, reduction="sum")
+    (expected * 0.3).backward()
+    want = gradients(params)
+    torch.testing.assert_close(fused, expected, rtol=1e-5, atol=1e-4)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert (got[0][target == PAD_ID] == 0).all()
+
+
+def test_a_model_trained_through_either_path_gets_the_same_gradients():
+    torch.manual_seed(0)
+    config = ModelConfig(embed_size=16, encoder_hidden_size=16, hidden_size=32, dropout=0.0, attention="bahdanau")
+    model = Seq2Seq(config, 30, 30)
+    src = torch.randint(4, 30, (3, 7))
+    lengths = torch.tensor([7, 7, 7])
+    tgt = torch.randint(4, 30, (3, 6))
+    tgt[1, 4:] = PAD_ID
+    rows = loss_rows(tgt, 4)
+    target = tgt.reshape(-1)[rows]
+    logits, _ = model(src, lengths, tgt, rows)
+    loss_sum(logits, target, 0.1).backward()
+    want = gradients(list(model.parameters()))
+    hidden, _ = model(src, lengths, tgt, rows, logits=False)
+    assert hidden.shape == (len(rows), 32)
+    output_loss_sum(hidden, model.decoder.output, target, 0.1).backward()
+    got = gradients(list(model.parameters()))
+    for (name, _), g, w in zip(model.named_parameters(), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=name)
