@@ -17,15 +17,16 @@ around long-lived allocations (README, "Performance" names the measurements). Th
   holds every shape one batch uses; a shape it has evicted is rebuilt from oneDNN's cache without compiling
   (0 crashed torch 2.13 when tried: never set it to 0). On the multi30k_deen preset it cut the heap in use
   after the first epoch from 1,064 to 792 MiB with no loss of speed measured (README, "The compiled-kernel cache");
-- glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as
-  the program runs): tensors of 32 MiB and more are mapped on their own and returned when freed, smaller
-  ones reuse the heap's pages. A lower threshold keeps less memory (4 MiB: about 0.4 GiB less on the
-  multi30k_deen preset) but every tensor above it is new memory whose pages fault in as they are written,
-  which cost 9% of the training speed when measured (README, "Where the memory went"). A higher one keeps
-  the fp32 logits of a batch and their gradient (~1,700 rows x 8,000 x 4 bytes, 54 MB each) in the heap:
+- glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as the
+  program runs): tensors of 32 MiB and more that no free block of the heap can hold are mapped on their own and
+  returned when freed, smaller ones reuse the heap's pages or grow it. A lower threshold keeps less memory (4 MiB:
+  about 0.4 GiB less on the multi30k_deen preset) but every tensor above it is new memory whose pages fault in as
+  they are written, which cost 9% of the training speed when measured (README, "Where the memory went"). A higher
+  one keeps the fp32 logits of a batch and their gradient (~1,700 rows x 8,000 x 4 bytes, 54 MB each) in the heap:
   128 / 256 MiB trained the multi30k_deen preset in fp32 at 133.2 against 132.0 sentences/s and 2,487 against
-  2,354 MiB peak (`python scripts/memory_trace.py --seconds 150`, 2-core AMD EPYC with AVX2 only, one run
-  each, 2026-12-06), so the thresholds stay;
+  2,354 MiB peak (`python scripts/memory_trace.py --seconds 150`, 2-core AMD EPYC with AVX2 only, one run each,
+  2026-12-06), so the thresholds stay; training in fp32 on a CPU lowers the mmap threshold to 16 MiB
+  (`tune_for_fp32_training`, called by the Trainer), where the heap otherwise grew all run long;
 
 Not set: THP_MEM_ALLOC_ENABLE (torch's transparent huge pages for tensors of 2 MiB and more; one of these
 settings until 2026-12-02). torch then asks the kernel for huge pages on every large tensor, and where the
@@ -64,6 +65,7 @@ ENV_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "4096", "LRU_CACHE_CAPACITY":
 VARIABLES = (*ENV_DEFAULTS, "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "NMT_TUNE_ALLOCATOR", "NMT_MALLOC")
 MIB = 1024 * 1024
 MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * MIB, 64 * MIB  # bytes, training (and every entry point until it decodes)
+FP32_MMAP_THRESHOLD = 16 * MIB  # bytes, training in fp32 on a CPU (tune_for_fp32_training)
 DECODE_MMAP_THRESHOLD, DECODE_TRIM_THRESHOLD = 256 * MIB, 1024 * MIB  # bytes, processes that only decode
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers in glibc's malloc.h
 
@@ -99,6 +101,27 @@ def tune_for_decoding() -> dict[str, str]:
     if _switched_off():
         return {}
     return _set_malloc("decoding: ", DECODE_MMAP_THRESHOLD, DECODE_TRIM_THRESHOLD)
+
+
+def tune_for_fp32_training() -> dict[str, str]:
+    """glibc's mmap threshold at FP32_MMAP_THRESHOLD, for a process that trains in fp32 on a CPU (the Trainer
+    calls it; the same variables and switch as tune_allocator's leave it alone). Returns what it set.
+
+    There the heap fragmented as a run went on: the multi30k_deen preset on a 2-core AMD EPYC with AVX2 held
+    600-1,200 MiB of free heap after 180 steps (glibc's malloc_info: ~160 free blocks of 0.5-31 MiB between
+    blocks in use, the heap growing whenever a step's larger tensors fit none of them), for 400 MiB in use.
+    glibc maps a block on its own only when no free block of the heap can hold it, so with 16 MiB a step's larger
+    tensors (the inputs to the LSTM gates, the gradients of the embeddings and the output layer) still reuse
+    the heap's free blocks where one fits and are mapped instead of growing the heap where none does: the
+    resident memory after ~180 steps of 150 s runs
+    (scripts/memory_trace.py) was 1,043 MiB against 1,239, 1,527 and 1,770 in three runs at 32 MiB, at 125.8
+    sentences/s against 126.3-132.2 (this machine's runs differ by a few percent); per batch, paired in one
+    process over 40 batches, the steps took 1.005x as long. 8 MiB: 1.00x per batch and 915 MiB, but its one
+    whole run trained 117.9 sentences/s, so it is not taken.
+    Under bf16 autocast, whose speed was measured at 32 MiB, training keeps tune_allocator's settings."""
+    if _switched_off():
+        return {}
+    return _set_malloc("fp32 training: ", FP32_MMAP_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _set_malloc(prefix: str, mmap_threshold: int, trim_threshold: int) -> dict[str, str]:

@@ -39,6 +39,7 @@ from nmt.errors import NMTError
 from nmt.feed import BatchFeed
 from nmt.kernels.compiled import choose_kernels, set_kernels
 from nmt.loss import loss_sum, output_loss_sum
+from nmt.memory import tune_for_fp32_training
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
 from nmt.progress import TrainingBar
@@ -180,8 +181,11 @@ class Trainer:
             config.bucketing,
         )
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
-        # fp32 on a CPU: the output layer runs inside the loss, a piece of rows at a time (nmt.loss.output_loss_sum)
+        # fp32 on a CPU: the output layer runs inside the loss, a piece of rows at a time (nmt.loss.output_loss_sum),
+        # and glibc maps tensors of 16 MiB and more on their own (nmt.memory.tune_for_fp32_training)
         self.output_in_loss = self.device.type == "cpu" and not bf16
+        if self.output_in_loss and (malloc := tune_for_fp32_training()):
+            log.info("malloc: %s", ", ".join(f"{k} {v}" for k, v in malloc.items()))
         why = choose_kernels(config.kernels, self.device, bf16)[1]
         self.kernels = set_kernels(config.kernels, self.device, bf16).value  # resolved (nmt.kernels.compiled)
         log.info("kernels: %s (%s)", self.kernels, why)
