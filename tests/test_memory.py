@@ -70,16 +70,20 @@ def test_the_switch_leaves_everything_alone(off):
     assert out["applied"] == {} and out["env"] == {k: None for k in ENV_DEFAULTS}
 
 
-DECODING_PROBE = """
+PROBE_HEAD = """
 import ctypes, json
 import nmt.cli
-from nmt.memory import glibc, heap_bytes, tune_for_decoding
+from nmt.memory import glibc, heap_bytes, tune_for_decoding, tune_for_fp32_training
 
 if heap_bytes() is None:  # glibc < 2.33
     print(json.dumps({"skip": "glibc has no mallinfo2"}))
     raise SystemExit
 libc = glibc()
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+"""
+DECODING_PROBE = (
+    PROBE_HEAD
+    + """
 libc.free.argtypes = [ctypes.c_void_p]
 
 def mapped_alone(size=64 << 20):  # is a block of `size` bytes mapped on its own (not taken from the heap)?
@@ -93,11 +97,12 @@ training = mapped_alone()
 applied = tune_for_decoding()
 print(json.dumps({"training": training, "decoding": mapped_alone(), "applied": applied}))
 """
+)
 
 
-def decoding_probe(**env: str) -> dict:
+def decoding_probe(probe: str = DECODING_PROBE, **env: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-c", DECODING_PROBE], capture_output=True, text=True, timeout=120, env={**clean_env(), **env}
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env={**clean_env(), **env}
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -129,16 +134,9 @@ def test_decoding_settings_leave_the_users_choice_alone():
     assert off["applied"] == {}
 
 
-FP32_PROBE = """
-import ctypes, json
-import nmt.cli
-from nmt.memory import glibc, heap_bytes, tune_for_fp32_training
-
-if heap_bytes() is None:  # glibc < 2.33
-    print(json.dumps({"skip": "glibc has no mallinfo2"}))
-    raise SystemExit
-libc = glibc()
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+FP32_PROBE = (
+    PROBE_HEAD
+    + """
 
 def mapped_alone(size=24 << 20):  # is a new block of `size` bytes (kept: the heap has no room) mapped alone?
     before = heap_bytes()[2]
@@ -149,17 +147,12 @@ training = mapped_alone()
 applied = tune_for_fp32_training()
 print(json.dumps({"training": training, "fp32": mapped_alone(), "applied": applied}))
 """
+)
 
 
 @glibc_only
 def test_fp32_training_maps_blocks_of_16_mib_and_more_on_their_own():
-    proc = subprocess.run(
-        [sys.executable, "-c", FP32_PROBE], capture_output=True, text=True, timeout=120, env=clean_env()
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    if "skip" in out:
-        pytest.skip(out["skip"])
+    out = decoding_probe(FP32_PROBE)
     assert not out["training"] and out["fp32"]  # a 24 MiB block grows the heap at first, then is mapped alone
     assert out["applied"]["fp32 training: malloc mmap threshold"] == str(16 << 20)
 
