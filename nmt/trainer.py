@@ -185,7 +185,8 @@ class Trainer:
         # and glibc maps tensors of 16 MiB and more on their own (nmt.memory.tune_for_fp32_training)
         self.output_in_loss = self.device.type == "cpu" and not bf16
         if self.output_in_loss and (malloc := tune_for_fp32_training()):
-            log.info("malloc: %s", ", ".join(f"{k} {v}" for k, v in malloc.items()))
+            sizes = (f"{k.removeprefix('fp32 training: malloc ')} {int(v) >> 20} MiB" for k, v in malloc.items())
+            log.info("glibc malloc for fp32 training: %s", ", ".join(sizes))
         why = choose_kernels(config.kernels, self.device, bf16)[1]
         self.kernels = set_kernels(config.kernels, self.device, bf16).value  # resolved (nmt.kernels.compiled)
         log.info("kernels: %s (%s)", self.kernels, why)
