@@ -65,3 +65,20 @@ def test_a_model_trained_through_either_path_gets_the_same_gradients():
     got = gradients(list(model.parameters()))
     for (name, _), g, w in zip(model.named_parameters(), got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_flop_counters_see_the_same_matmuls_either_way():
+    """scripts/step_profile.py counts each phase's matmul FLOPs with torch's FLOP counter: the output layer inside
+    the loss (its three products in the forward pass) counts as the layer and the loss apart do."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    layer, hidden = torch.nn.Linear(12, 37), torch.randn(40, 12, requires_grad=True)
+    target = torch.randint(4, 37, (40,))
+    counts = []
+    for fused in (True, False):
+        with FlopCounterMode(display=False) as counter:
+            loss = output_loss_sum(hidden, layer, target) if fused else loss_sum(layer(hidden), target)
+            loss.backward()
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] == 3 * 2 * 40 * 12 * 37
