@@ -171,14 +171,17 @@ class Decoder(nn.Module):
         values: Tensor,
         mask: Tensor,
         params: StepParams | None = None,
+        rows: Tensor | None = None,
     ) -> tuple[Tensor, DecoderState, Tensor]:
         """Search's single step: previous ids (B,) -> (logits (B, V), new state, weights (B, S)).
 
-        Pass `params=decoder.step_params(device)`, computed once, when calling step after step."""
+        Pass `params=decoder.step_params(device)`, computed once, when calling step after step. With `rows`
+        (N,), the logits of those rows only, (N, V): the output layer, a step's largest product, skips the rest.
+        """
         params = self.step_params(prev.device) if params is None else params
         x0 = self._inputs(self.dropout(self.embed(prev)), params, all_steps=False)  # (B, 4H)
         attn_h, state, weights = self._step(x0, _fp32_cells(state), keys, values, mask, params)
-        return self.output(attn_h), state, weights
+        return self.output(attn_h if rows is None else attn_h.index_select(0, rows)), state, weights
 
     def forward(
         self,

@@ -158,7 +158,8 @@ def beam_search(
     at its maximum length (its live beams are then finished as they are). A longer search can only add
     finished hypotheses, so asking for more (`nbest`) never returns a worse best one. Step 0 runs once per
     sentence, since all its beams extend BOS from one state. Done sentences leave the batch, a quarter of
-    it at a time, so the steps get cheaper as sentences finish. Candidates are ranked on the logits of each
+    it at a time, so the steps get cheaper as sentences finish; until they leave, the output layer skips their
+    rows. Candidates are ranked on the logits of each
     beam's 2K best continuations (the 2K best of a sentence are among them), so no (beams x vocabulary)
     table of scores is built.
     """
@@ -189,13 +190,17 @@ def beam_search(
     finished: list[list[tuple[float, list[int], int, int]]] = [[] for _ in range(B)]  # (score, tokens, t, beam)
     in_top = torch.arange(2 * K, device=dev) < K
     top_finished = torch.zeros(B, dtype=torch.bool, device=dev)  # (A,) the best candidate of a step was EOS
+    live: Tensor | None = None  # the beams of sentences still searching, (A'*K,), where some are done; else None
 
     for t in range(max(limits)):
         A = sentence.size(0)
-        if t:
-            logits, state, w = model.decoder.step(prev, state, keys, values, mask, params)
+        if t:  # the logits of live beams only: a done sentence waiting to leave the batch can extend nothing
+            logits, state, w = model.decoder.step(prev, state, keys, values, mask, params, live)
             # the 2K best candidates of a sentence are among the 2K best continuations of each of its beams
-            beam_logp, beam_ids = _top_log_probs(logits, C)  # (A*K, C)
+            beam_logp, beam_ids = _top_log_probs(logits, C)  # (live rows, C)
+            if live is not None:  # the done sentences' rows: any finite numbers (their scores are -inf)
+                beam_logp = beam_logp.new_zeros(A * K, C).index_copy_(0, live, beam_logp)  # (A*K, C)
+                beam_ids = beam_ids.new_full((A * K, C), PAD_ID).index_copy_(0, live, beam_ids)
         else:
             beam_logp, beam_ids = first  # (B*K, C): each sentence's row of step 0, once per beam
         trace.weights.append(w)
@@ -245,6 +250,7 @@ def beam_search(
             top_finished = top_finished.index_select(0, kept)
             keys, values, mask = (x.index_select(0, beam_rows) for x in (keys, values, mask))
         scores = keep_scores.index_select(0, kept)
+        live = None if compact or bool(active.all()) else active.repeat_interleave(K).nonzero().squeeze(1)
         history = tok_now.index_select(0, chosen)
         state = state.select(beam_rows)
         prev = token.view(-1).index_select(0, chosen)

@@ -206,11 +206,12 @@ class ScriptedModel:
     def step_params(self, device):
         return None
 
-    def step(self, prev, state, keys, values, mask, params):
+    def step(self, prev, state, keys, values, mask, params, rows=None):
         logits = torch.full((prev.size(0), 6), -1e9)
         for row, word in enumerate(prev.tolist()):
             for nxt, p in self.TABLE[word].items():
                 logits[row, nxt] = math.log(p)
+        logits = logits if rows is None else logits[rows]
         return logits, state, mask.float() / mask.sum(1, keepdim=True)
 
 
