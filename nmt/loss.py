@@ -103,6 +103,7 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
         buffer = hidden.new_empty(min(rows, N), V)
         total = hidden.new_zeros(())
         piece = work_sizes(hidden.device).loss_rows or rows
+        minus_target = hidden.new_full((piece, 1), -(1 - eps))  # what each row's target takes off its softmax
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
             z = torch.addmm(bias, hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits
@@ -117,7 +118,7 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
                 g.sub_(lse).exp_()  # the softmax
                 if eps:
                     g.sub_(eps / V)
-                g.scatter_add_(1, y, g.new_full(y.shape, -(1 - eps)))
+                g.scatter_add_(1, y, minus_target[: p1 - p0])
                 g.mul_(keep)
             torch.mm(z, weight, out=grad_hidden[r0:r1])
             torch.addmm(grad_weight, z.t(), hidden[r0:r1], out=grad_weight)  # (not addmm_: FLOP counters see it)

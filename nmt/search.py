@@ -158,10 +158,9 @@ def beam_search(
     at its maximum length (its live beams are then finished as they are). A longer search can only add
     finished hypotheses, so asking for more (`nbest`) never returns a worse best one. Step 0 runs once per
     sentence, since all its beams extend BOS from one state. Done sentences leave the batch, a quarter of
-    it at a time, so the steps get cheaper as sentences finish; until they leave, the output layer skips their
-    rows. Candidates are ranked on the logits of each
-    beam's 2K best continuations (the 2K best of a sentence are among them), so no (beams x vocabulary)
-    table of scores is built.
+    it at a time, so the steps get cheaper as sentences finish; until they leave, the output layer skips
+    their rows. Candidates are ranked on the logits of each beam's 2K best continuations (the 2K best of a
+    sentence are among them), so no (beams x vocabulary) table of scores is built.
     """
     B, K, dev = src.size(0), beam_size, src.device
     if nbest > K:
