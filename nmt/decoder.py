@@ -16,7 +16,9 @@ attention and LSTM, and W_c runs once over all steps after it, or, when the atte
 The step loop runs the LSTM written out one step at a time (nmt.kernels.lstm: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
 Where the compiled kernels run on a CPU, RNNsearch's loop (query=previous, no input feeding, one layer) runs
-as one autograd node instead (nmt.kernels.decoder_loop: the same arithmetic, without autograd at every step).
+as one autograd node instead (nmt.kernels.decoder_loop: the same arithmetic, without autograd at every step),
+and so does, in fp32, the input-feeding loop of Luong's order with the additive score and one layer, the
+multi30k_deen preset's (nmt.kernels.feed_loop).
 On a batch sorted longest target first (the training sampler's order) the loop leaves each sentence once its
 target has ended: step t computes the sentences longer than t only (`active_rows`), and the positions after
 a sentence's end, which the loss skips, get zeros.
@@ -26,6 +28,7 @@ Shapes: B batch, S source length, T target length, E embedding, H decoder hidden
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -39,6 +42,7 @@ from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.kernels.decoder_loop import decoder_loop
 from nmt.kernels.energy import StepKeys
+from nmt.kernels.feed_loop import feed_loop
 from nmt.kernels.lstm import LayerParams, layer, layer_params, lstm_step
 from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.shapes import linear_rows, padded_count
@@ -241,6 +245,14 @@ class Decoder(nn.Module):
             if loop is not None:
                 context, out, weights = loop  # (N, D), (N, H), (N, S)
                 attn_h = self._attentional(self.combine, context, out)  # (N, H)
+                return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
+        if self.input_feeding and self.query == "current":  # Luong's order with input feeding: likewise
+            loop = feed_loop(
+                self.attention.additive_v(), x0_all, state.h, state.c, state.feed, keys, values, mask,
+                params.layers, params.combine, active, partial(self.dropout.mask, dtype=torch.float32),
+            )  # fmt: skip
+            if loop is not None:
+                attn_h, weights = loop  # (N, H), (N, S)
                 return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
         outputs, contexts, all_weights = [], [], []
         for x0, n in zip(x0_all.unbind(1), active, strict=True):  # unbind: one backward

@@ -51,5 +51,13 @@ class Dropout(nn.Module):
             return F.dropout(x, self.p, training=True)
         return x * keep_mask(x.shape, self.p, x.dtype)
 
+    def mask(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor | None:
+        """The CPU mask `forward` would multiply an input of `shape` by (the same draw), or None where
+        `forward` returns its input unchanged (not training, or p = 0): for code that applies it itself
+        (nmt.kernels.feed_loop)."""
+        if not self.training or self.p == 0.0:
+            return None
+        return keep_mask(shape, self.p, dtype)
+
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -54,3 +54,15 @@ def test_seeded_runs_repeat_and_eval_is_the_identity():
 def test_bf16_input_stays_bf16():
     x = torch.randn(16, 16).bfloat16()
     assert Dropout(0.2).train()(x).dtype == torch.bfloat16
+
+
+def test_mask_is_the_draw_forward_multiplies_by():
+    """Dropout.mask, for code that applies the mask itself (nmt.kernels.feed_loop), takes the same draw from the
+    same seed as forward, and is None wherever forward is the identity."""
+    d, x = Dropout(0.25).train(), torch.randn(7, 50)
+    torch.manual_seed(4)
+    y = d(x)
+    torch.manual_seed(4)
+    assert torch.equal(y, x * d.mask((7, 50), torch.float32))
+    assert d.eval().mask((7, 50), torch.float32) is None
+    assert Dropout(0.0).train().mask((7, 50), torch.float32) is None

@@ -53,21 +53,7 @@ def decoder_loop(
     additive_v and for_steps) -> (contexts (N, D), outputs s_t (N, H), weights (N, S)), step after step; None
     where this does not apply (another attention (v None) or layer count, no gradient, not a CPU, kernels not
     compiled, dtypes the kernels do not take)."""
-    ok = (
-        v is not None
-        and isinstance(keys, StepKeys)
-        and isinstance(keys.query, StepWeight)
-        and keys.query.steps is not None
-        and isinstance(values, StepMatrix)
-        and not values.transpose
-        and len(layers) == 1
-        and h.size(0) == 1
-        and active[0] == x0.size(0)
-        and layers[0].w_r.steps is not None
-        and x0.device.type == "cpu"
-        and not is_in_torch_dispatch_mode()
-    )
-    if not ok:
+    if not loop_applies(v, x0, h, keys, values, layers, active):
         return None
     w_s, w_r, matrix = keys.query.weight, layers[0].w_r.weight, values.matrix
     dtype = w_r.dtype
@@ -83,12 +69,37 @@ def decoder_loop(
         or mask.dtype != torch.bool
     ):
         return None
-    step_kernel, cell_kernel = cpp_kernel(SOURCE, ARGTYPES), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)
+    step_kernel, cell_kernel = loop_kernels()
     if step_kernel is None or cell_kernel is None:
         return None
     v = v.float().contiguous()
     plan = _Plan(keys, values, layers[0].w_r, mask.contiguous(), active, step_kernel, cell_kernel)
     return _Loop.apply(x0, h.squeeze(0).contiguous(), c.squeeze(0).contiguous(), keys.keys, v, matrix, w_s, w_r, plan)
+
+
+def loop_applies(v: Tensor | None, x0: Tensor, h: Tensor, keys, values, layers: list[LayerParams], active) -> bool:
+    """Whether a training loop of the additive attention can run as one node here (this module's and
+    nmt.kernels.feed_loop's): v given (AdditiveAttention), StepKeys with a recorded W_s, StepMatrix values,
+    one layer with a recorded W_r, every sentence at step 0, a CPU, no torch dispatch mode (FLOP counters)."""
+    return (
+        v is not None
+        and isinstance(keys, StepKeys)
+        and isinstance(keys.query, StepWeight)
+        and keys.query.steps is not None
+        and isinstance(values, StepMatrix)
+        and not values.transpose
+        and len(layers) == 1
+        and h.size(0) == 1
+        and active[0] == x0.size(0)
+        and layers[0].w_r.steps is not None
+        and x0.device.type == "cpu"
+        and not is_in_torch_dispatch_mode()
+    )
+
+
+def loop_kernels() -> tuple:
+    """The attention step's and the LSTM cell's C++ kernels (None each where they are not built)."""
+    return cpp_kernel(SOURCE, ARGTYPES), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)
 
 
 class _Plan:
