@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from nmt.device_plan import work_sizes
+from nmt.kernels.xent import smoothed_xent
 from nmt.shapes import ROW_MULTIPLE, padded_count
 from nmt.special import PAD_ID
 
@@ -100,36 +101,45 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
         real = target != PAD_ID  # (N,)
         grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)  # (N, H), (V, H)
         grad_bias = torch.zeros_like(bias)  # (V,)
-        buffer = hidden.new_empty(min(rows, N), V)
-        total = hidden.new_zeros(())
-        piece = work_sizes(hidden.device).loss_rows or rows
-        minus_target = hidden.new_full((piece, 1), -(1 - eps))  # what each row's target takes off its softmax
+        buffer, losses = hidden.new_empty(min(rows, N), V), hidden.new_empty(N)  # losses: each row's
+        target = target.contiguous()
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
             z = torch.addmm(bias, hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits
-            for p0 in range(r0, r1, piece):  # cache-sized pieces: each is read and rewritten while it is hot
-                p1 = min(r1, p0 + piece)
-                g, y, keep = z[p0 - r0 : p1 - r0], target[p0:p1, None], real[p0:p1, None]
-                lse = torch.logsumexp(g, dim=-1, keepdim=True)  # (piece, 1)
-                loss = (1 - eps) * (lse - g.gather(1, y))
-                if eps:
-                    loss += eps * (lse - g.mean(dim=-1, keepdim=True))
-                total += loss.masked_fill(~keep, 0.0).sum()
-                g.sub_(lse).exp_()  # the softmax
-                if eps:
-                    g.sub_(eps / V)
-                g.scatter_add_(1, y, minus_target[: p1 - p0])
-                g.mul_(keep)
+            if not smoothed_xent(z, target[r0:r1], losses[r0:r1], eps, PAD_ID):  # one C++ kernel, where it runs
+                _loss_and_gradient(z, target[r0:r1], real[r0:r1], losses[r0:r1], eps)
             torch.mm(z, weight, out=grad_hidden[r0:r1])
             torch.addmm(grad_weight, z.t(), hidden[r0:r1], out=grad_weight)  # (not addmm_: FLOP counters see it)
             grad_bias += z.sum(0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return total
+        return losses.sum()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         return grad_hidden * grad, grad_weight * grad, grad_bias * grad, None, None, None
+
+
+def _loss_and_gradient(z: Tensor, target: Tensor, real: Tensor, losses: Tensor, eps: float) -> None:
+    """nmt.kernels.xent.smoothed_xent in torch operations: the logits z (R, V) fp32 become the gradient of their
+    label-smoothed cross-entropy (zero on PAD targets, `real` False) and each row's loss goes to losses (R,), in
+    cache-sized pieces (nmt.device_plan: loss_rows), each read and rewritten while it is hot."""
+    R, V = z.shape
+    piece = work_sizes(z.device).loss_rows or R
+    minus_target = z.new_full((min(piece, R), 1), -(1 - eps))  # what each row's target takes off its softmax
+    for p0 in range(0, R, piece):
+        p1 = min(R, p0 + piece)
+        g, y, keep = z[p0:p1], target[p0:p1, None], real[p0:p1, None]
+        lse = torch.logsumexp(g, dim=-1, keepdim=True)  # (piece, 1)
+        loss = (1 - eps) * (lse - g.gather(1, y))
+        if eps:
+            loss += eps * (lse - g.mean(dim=-1, keepdim=True))
+        losses[p0:p1] = loss.masked_fill(~keep, 0.0).squeeze(1)
+        g.sub_(lse).exp_()  # the softmax
+        if eps:
+            g.sub_(eps / V)
+        g.scatter_add_(1, y, minus_target[: p1 - p0])
+        g.mul_(keep)
 
 
 OUTPUT_ROWS = 512  # output_loss_sum: rows of logits made at a time (a 16 MB buffer for 8,000 words)

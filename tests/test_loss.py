@@ -25,9 +25,26 @@ def gradients(tensors):
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("rows, piece", [(16, 16), (8, 3), (64, None)])
 def test_output_layer_in_the_loss_equals_the_layer_then_the_loss(N, smoothing, rows, piece, monkeypatch):
+    check_against_the_layer_then_the_loss(N, smoothing, rows, piece, 37, monkeypatch)
+
+
+@pytest.mark.parametrize("N", [1, 17, 40])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("V", [37, 64, 8000])
+def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compiled, monkeypatch):
+    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.xent): the same
+    value and gradients, for vocabularies that fill the vector width or leave a tail, PAD rows included."""
+    calls = []
+    kernel = loss_module.smoothed_xent
+    monkeypatch.setattr(loss_module, "smoothed_xent", lambda *args: calls.append(1) or kernel(*args))
+    check_against_the_layer_then_the_loss(N, smoothing, 16, None, V, monkeypatch)
+    assert len(calls) == -(-N // 16)
+
+
+def check_against_the_layer_then_the_loss(N, smoothing, rows, piece, V, monkeypatch):
     monkeypatch.setattr(loss_module, "OUTPUT_ROWS", rows)  # logits made `rows` at a time, `piece` rows per pass
     torch.manual_seed(N)
-    V, H = 37, 12
+    H = 12
     layer = torch.nn.Linear(H, V)
     hidden = torch.randn(N, H, requires_grad=True)
     target = torch.randint(4, V, (N,))

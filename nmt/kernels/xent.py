@@ -1,0 +1,45 @@
+"""The label-smoothed cross-entropy of a piece of logits and its gradient in one hand-written C++ kernel.
+
+fp32 training on a CPU runs the output layer inside the loss (nmt.loss.output_loss_sum), a piece of rows at a time:
+each piece's logits become their loss and, in place, their gradient. In torch operations that is a logsumexp
+(a max, a subtraction, an exp, a sum and a log, each a pass over the piece), a gather, a mean, another exp, a
+subtraction, a scatter and a multiplication: about ten passes and two exps per logit.
+`nmt/kernels/csrc/smoothed_xent.cpp` does it row by row in three passes with one exp per logit, while the row
+is in cache. It runs where the compiled kernels run (trainer.kernels, nmt.kernels.compiled); elsewhere
+`smoothed_xent` returns False and the caller goes the torch way.
+
+    done = smoothed_xent(z, target, losses, eps, pad)   # z (R, V) fp32 -> its gradient, losses (R,) written
+
+Shapes: R rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nmt.kernels.compiled import cpp_kernel, is_in_torch_dispatch_mode
+
+SOURCE = Path(__file__).parent / "csrc" / "smoothed_xent.cpp"
+ARGTYPES = ["uintptr_t", "uintptr_t", "uintptr_t", "int64_t", "int64_t", "float", "int64_t"]
+
+
+def smoothed_xent(z: Tensor, target: Tensor, losses: Tensor, eps: float, pad: int) -> bool:
+    """Each row of the logits z (R, V) fp32 replaced by the gradient of its label-smoothed cross-entropy,
+    softmax(z) - eps / V - (1 - eps) onehot(target), and the loss itself written to losses (R,) fp32; rows whose
+    target (R,) int64 is `pad` get zeros in both. False (nothing done) where the kernel does not run: not a
+    CPU, kernels not compiled, other dtypes or layouts, or under a torch dispatch mode (a FLOP counter)."""
+    if z.device.type != "cpu" or is_in_torch_dispatch_mode():
+        return False
+    if z.dtype != torch.float32 or losses.dtype != torch.float32 or target.dtype != torch.int64:
+        return False
+    if not (z.is_contiguous() and target.is_contiguous() and losses.is_contiguous()):
+        return False
+    kernel = cpp_kernel(SOURCE, ARGTYPES)
+    if kernel is None:
+        return False
+    R, V = z.shape
+    kernel(z.data_ptr(), target.data_ptr(), losses.data_ptr(), R, V, float(eps), int(pad))
+    return True
