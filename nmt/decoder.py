@@ -235,8 +235,7 @@ class Decoder(nn.Module):
         params = self.step_params(tgt_in.device)
         keys, values = self.attention.for_steps(keys, values, step_dtype(tgt_in.device.type))
         state = _fp32_cells(state)
-        packed = params.layers[0].w_r.packed is not None  # oneDNN keeps a kernel per row count: a few counts
-        multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None or packed else 1
+        multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None else 1
         active = active_rows(tgt_in, multiple, tgt_lengths)  # rows computed at each step (B while none has ended)
         x0_all = self._inputs(emb, params)  # (B, T, 4H)
         if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
@@ -274,7 +273,7 @@ class Decoder(nn.Module):
         return _unpack(outputs, active, tgt_in.size(1)), _unpack(all_weights, active, tgt_in.size(1))
 
 
-STEP_ROW_MULTIPLE = 8  # under autocast or packed weights, rows per step rounded up to this: a few matmul shapes
+STEP_ROW_MULTIPLE = 8  # under autocast, rows per step rounded up to this: a few matmul shapes (nmt.shapes)
 
 
 def active_rows(tgt_in: Tensor, multiple: int = 1, lengths: Tensor | None = None) -> list[int]:

@@ -10,8 +10,8 @@ the shared tensor's backward, which autograd runs after every step's, does the o
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
 
-Where the compiled kernels run (trainer.kernels) on a CPU, the weight is also packed once per batch into oneDNN's
-layout for the steps' products (`Packed`: fp32 weights, and bf16 ones where the CPU has bf16 hardware).
+Where the compiled kernels run (trainer.kernels) on a CPU with bf16 hardware, a bf16 weight is also packed once
+per batch into oneDNN's layout for the steps' products (`Packed`; fp32 weights are not: see there).
 
 The attention's values (and the keys of the matmul scores) are the same for a batch of matrices, one per
 sentence: `StepMatrix.of(values, dtype)` hands them to the steps, each step's a_t M records (a_t, g_t), and the
@@ -101,16 +101,17 @@ class Packed(NamedTuple):
     the cache W is read from memory at every step; oneDNN then also copies W into its blocked layout for each
     call. Packed once per batch (`pack`), a step reads the blocked copy only: on the AMD EPYC measured, 22 rows
     by a (1024, 512) weight took 162 instead of 210 us in bf16 and 265 instead of 390 in fp32 (README "Long
-    inputs"). Packed where the compiled kernels run (trainer.kernels, nmt.kernels.compiled) on a CPU: in bf16 where
-    the CPU has bf16 hardware, and in fp32; the products are the same up to the order of fp32 sums.
+    inputs"). Packed where the compiled kernels run (trainer.kernels, nmt.kernels.compiled), on a CPU with bf16
+    hardware, in bf16; the products are the same up to the order of fp32 sums.
 
-    oneDNN builds and keeps a kernel for each row count it meets, so the teacher-forced loop rounds its rows per
-    step up to a multiple of 8 wherever its weights are packed (nmt.decoder.STEP_ROW_MULTIPLE: a few shapes, not
-    one per step of every batch). fp32 weights were packed with exact row counts until 2026-12-06 (2,487 MiB peak
-    against 1,866 without packing on the multi30k_deen preset, for no speed in the Python loop), then not packed;
-    with the input-feeding loop as one node (nmt.kernels.feed_loop) and rounded rows they are packed again: on a
-    2-core AMD EPYC with AVX2 only, paired per batch in one process, 1.059x a training step (docs/performance.md).
-    """
+    fp32 weights are not packed (they were until 2026-12-06): fp32 steps keep their exact row counts (rows are
+    rounded to a few shapes only under autocast), so oneDNN builds and keeps a kernel for nearly every step of
+    every batch. On a 2-core AMD EPYC with AVX2 only, the multi30k_deen preset in fp32 with the compiled
+    kernels (`python scripts/memory_trace.py --seconds 150`, one run each) trained 133.2 sentences/s at 2,487
+    MiB peak with fp32 packing against 132.4 at 1,866 MiB without it: 600 MiB for no speed, though one step's
+    product alone, 107 rows by (2048, 1024), took 3.05 instead of 3.85 ms packed. Tried again with the rows rounded
+    to a multiple of 8 and the input-feeding loop as one node (nmt.kernels.feed_loop): 1.059x per batch, paired,
+    but 131.2 against 134.0 sentences/s and 170 MiB more over 150 s runs (docs/performance.md): not packed."""
 
     forward: Tensor
     backward: Tensor
@@ -136,8 +137,8 @@ class Packed(NamedTuple):
 
 
 PACK_ROWS = 32  # the row count oneDNN packs for: a hint (a step's products take any number of rows)
-# whether oneDNN packs here, and the dtypes it packs
-_PACKING = {"works": torch.backends.mkldnn.is_available(), "dtypes": (torch.bfloat16, torch.float32)}
+# whether oneDNN packs here, and the dtypes packed (fp32 not: see Packed; the tests add it to check the products)
+_PACKING = {"works": torch.backends.mkldnn.is_available(), "dtypes": (torch.bfloat16,)}
 
 
 def _reorder(weight: Tensor) -> Tensor:
