@@ -105,9 +105,9 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
         target = target.contiguous()
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
-            z = torch.addmm(bias, hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits
-            if not smoothed_xent(z, target[r0:r1], losses[r0:r1], eps, PAD_ID):  # one C++ kernel, where it runs
-                _loss_and_gradient(z, target[r0:r1], real[r0:r1], losses[r0:r1], eps)
+            z = torch.mm(hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits but the bias
+            if not smoothed_xent(z, bias, target[r0:r1], losses[r0:r1], eps, PAD_ID):  # one C++ call where it runs
+                _loss_and_gradient(z.add_(bias), target[r0:r1], real[r0:r1], losses[r0:r1], eps)
             torch.mm(z, weight, out=grad_hidden[r0:r1])
             torch.addmm(grad_weight, z.t(), hidden[r0:r1], out=grad_weight)  # (not addmm_: FLOP counters see it)
             grad_bias += z.sum(0)

@@ -8,7 +8,7 @@ subtraction, a scatter and a multiplication: about ten passes and two exps per l
 is in cache. It runs where the compiled kernels run (trainer.kernels, nmt.kernels.compiled); elsewhere
 `smoothed_xent` returns False and the caller goes the torch way.
 
-    done = smoothed_xent(z, target, losses, eps, pad)   # z (R, V) fp32 -> its gradient, losses (R,) written
+    done = smoothed_xent(z, bias, target, losses, eps, pad)   # z = x W^T (R, V) fp32 -> z + bias's gradient
 
 Shapes: R rows, V vocabulary.
 """
@@ -23,23 +23,24 @@ from torch import Tensor
 from nmt.kernels.compiled import cpp_kernel, is_in_torch_dispatch_mode
 
 SOURCE = Path(__file__).parent / "csrc" / "smoothed_xent.cpp"
-ARGTYPES = ["uintptr_t", "uintptr_t", "uintptr_t", "int64_t", "int64_t", "float", "int64_t"]
+ARGTYPES = ["uintptr_t", "uintptr_t", "uintptr_t", "uintptr_t", "int64_t", "int64_t", "float", "int64_t"]
 
 
-def smoothed_xent(z: Tensor, target: Tensor, losses: Tensor, eps: float, pad: int) -> bool:
-    """Each row of the logits z (R, V) fp32 replaced by the gradient of its label-smoothed cross-entropy,
-    softmax(z) - eps / V - (1 - eps) onehot(target), and the loss itself written to losses (R,) fp32; rows whose
-    target (R,) int64 is `pad` get zeros in both. False (nothing done) where the kernel does not run: not a
-    CPU, kernels not compiled, other dtypes or layouts, or under a torch dispatch mode (a FLOP counter)."""
+def smoothed_xent(z: Tensor, bias: Tensor, target: Tensor, losses: Tensor, eps: float, pad: int) -> bool:
+    """Each row of z (R, V) fp32, the output layer's products without its bias (V,) fp32, replaced by the
+    gradient of the label-smoothed cross-entropy of the logits z + bias, softmax - eps / V - (1 - eps)
+    onehot(target), and the loss itself written to losses (R,) fp32; rows whose target (R,) int64 is `pad` get
+    zeros in both. False (nothing done, z untouched) where the kernel does not run: not a CPU, kernels not
+    compiled, other dtypes or layouts, or under a torch dispatch mode (a FLOP counter)."""
     if z.device.type != "cpu" or is_in_torch_dispatch_mode():
         return False
-    if z.dtype != torch.float32 or losses.dtype != torch.float32 or target.dtype != torch.int64:
+    if any(t.dtype != torch.float32 for t in (z, bias, losses)) or target.dtype != torch.int64:
         return False
-    if not (z.is_contiguous() and target.is_contiguous() and losses.is_contiguous()):
+    if not all(t.is_contiguous() for t in (z, bias, target, losses)):
         return False
     kernel = cpp_kernel(SOURCE, ARGTYPES)
     if kernel is None:
         return False
     R, V = z.shape
-    kernel(z.data_ptr(), target.data_ptr(), losses.data_ptr(), R, V, float(eps), int(pad))
+    kernel(z.data_ptr(), bias.data_ptr(), target.data_ptr(), losses.data_ptr(), R, V, float(eps), int(pad))
     return True

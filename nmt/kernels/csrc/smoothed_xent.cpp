@@ -1,6 +1,7 @@
 // The label-smoothed cross-entropy of a piece of logits and its gradient, in place, one row at a time
-// (nmt/kernels/xent.py); rows are spread over the OpenMP threads torch runs with. For a row x (V) with
-// target y, lse = logsumexp(x):
+// (nmt/kernels/xent.py); rows are spread over the OpenMP threads torch runs with. For a row x (V) of the output
+// layer's products, to which the layer's bias is added here (a pass fewer than addmm's), with target y and
+// lse = logsumexp(x):
 //
 //   loss = (1 - eps) (lse - x_y) + eps (lse - mean(x))
 //   x   <- softmax(x) - eps / V - (1 - eps) onehot(y)     (the loss's gradient with respect to x)
@@ -20,18 +21,20 @@
 
 using Vec = at::vec::Vectorized<float>;
 
-static float row(float* x, int64_t y, int64_t V, float eps) {
+static float row(float* x, const float* bias, int64_t y, int64_t V, float eps) {
     const int64_t W = Vec::size();
     const int64_t full = V - V % W;
     Vec top(-std::numeric_limits<float>::infinity()), sum(0.0f);
-    for (int64_t j = 0; j < full; j += W) {
-        const Vec a = Vec::loadu(x + j);
+    for (int64_t j = 0; j < full; j += W) {  // the bias added in this first pass
+        const Vec a = Vec::loadu(x + j) + Vec::loadu(bias + j);
+        a.store(x + j);
         top = at::vec::maximum(top, a);
         sum = sum + a;
     }
     float mx = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, top);
     float total = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
     for (int64_t j = full; j < V; ++j) {
+        x[j] += bias[j];
         mx = std::max(mx, x[j]);
         total += x[j];
     }
@@ -54,10 +57,12 @@ static float row(float* x, int64_t y, int64_t V, float eps) {
     return (1.0f - eps) * (lse - picked) + eps * (lse - total / static_cast<float>(V));
 }
 
-// logits (rows, V) fp32, overwritten by the loss's gradient; target (rows,) int64; loss (rows,) fp32, written.
-extern "C" void kernel(uintptr_t logits, uintptr_t target, uintptr_t loss, int64_t rows, int64_t V, float eps,
-                       int64_t pad) {
+// logits (rows, V) fp32 without the bias (V,), overwritten by the loss's gradient; target (rows,) int64; loss
+// (rows,) fp32, written.
+extern "C" void kernel(uintptr_t logits, uintptr_t bias, uintptr_t target, uintptr_t loss, int64_t rows, int64_t V,
+                       float eps, int64_t pad) {
     float* z = reinterpret_cast<float*>(logits);
+    const float* b = reinterpret_cast<const float*>(bias);
     const int64_t* t = reinterpret_cast<const int64_t*>(target);
     float* out = reinterpret_cast<float*>(loss);
 #pragma omp parallel for
@@ -67,7 +72,7 @@ extern "C" void kernel(uintptr_t logits, uintptr_t target, uintptr_t loss, int64
             std::fill(x, x + V, 0.0f);
             out[r] = 0.0f;
         } else {
-            out[r] = row(x, t[r], V, eps);
+            out[r] = row(x, b, t[r], V, eps);
         }
     }
 }
