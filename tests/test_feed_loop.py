@@ -4,11 +4,11 @@ applies."""
 
 import pytest
 import torch
+from test_decoder_loop import batch, model_of, train_step  # tests/ is on sys.path (pytest's prepend import mode)
 
 import nmt.decoder as decoder_module
 import nmt.kernels.feed_loop as loop_module
 from nmt.kernels.compiled import set_kernels
-from tests.test_decoder_loop import batch, model_of, train_step
 
 FEEDING = dict(attention_query="current", input_feeding=True)  # the multi30k_deen preset's decoder
 
