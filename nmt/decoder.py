@@ -176,16 +176,20 @@ class Decoder(nn.Module):
         mask: Tensor,
         params: StepParams | None = None,
         rows: Tensor | None = None,
+        logits: bool = True,
     ) -> tuple[Tensor, DecoderState, Tensor]:
         """Search's single step: previous ids (B,) -> (logits (B, V), new state, weights (B, S)).
 
         Pass `params=decoder.step_params(device)`, computed once, when calling step after step. With `rows`
         (N,), the logits of those rows only, (N, V): the output layer, a step's largest product, skips the rest.
+        With `logits=False` the output layer's input h~ comes back instead ((B, H) or (N, H)): the search runs
+        the layer itself (nmt.kernels.top_logprobs).
         """
         params = self.step_params(prev.device) if params is None else params
         x0 = self._inputs(self.dropout(self.embed(prev)), params, all_steps=False)  # (B, 4H)
         attn_h, state, weights = self._step(x0, _fp32_cells(state), keys, values, mask, params)
-        return self.output(attn_h if rows is None else attn_h.index_select(0, rows)), state, weights
+        attn_h = attn_h if rows is None else attn_h.index_select(0, rows)
+        return (self.output(attn_h) if logits else attn_h), state, weights
 
     def forward(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nmt.choices import Amp
+from nmt.choices import Amp, Kernels
 
 
 @dataclass
@@ -20,5 +20,19 @@ class Decoding:
     length_penalty: float = 1.0  # GNMT alpha: score / ((5 + length) / 6) ** alpha
     max_len_ratio: float = 1.5  # output at most ratio * source length + max_len_extra pieces
     max_len_extra: int = 10
-    batch_tokens: int = 4000  # padded source pieces per decoding batch (docs/performance.md, "Decoding batches")
+    batch_tokens: int | None = None  # padded source pieces per decoding batch; None: default_batch_tokens(beam_size)
     amp: Amp = Amp.auto  # auto (bf16 autocast where the hardware has bf16) | bf16 | off
+    # the decoder step's C++ kernels (nmt.kernels.compiled): auto_fp32 (the default) where decoding runs in fp32
+    # on a CPU with a C++ compiler, eager elsewhere; eager | auto | compiled as trainer.kernels
+    kernels: Kernels = Kernels.auto_fp32
+
+
+GREEDY_BATCH_TOKENS, BEAM_BATCH_TOKENS = 8000, 4000
+
+
+def default_batch_tokens(beam_size: int) -> int:
+    """decoding.batch_tokens where it is not set: 8,000 padded source pieces for greedy search, 4,000 for beam
+    search, whose batch holds beam_size rows per sentence. A batch's memory follows its rows, so greedy at 8,000
+    holds less than beam 5 at 4,000, and greedy was the fastest at 8,000 on every CPU measured (docs/performance.md,
+    "Decoding batches"); beam 5 moved by at most 8% between 2,000 and 8,000, 4,000 never the slowest."""
+    return GREEDY_BATCH_TOKENS if beam_size == 1 else BEAM_BATCH_TOKENS

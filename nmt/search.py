@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.kernels.top_logprobs import top_log_probs
 from nmt.model import Seq2Seq
 from nmt.special import BOS_ID, EOS_ID, PAD_ID
 
@@ -34,11 +35,18 @@ def _normaliser(logits: Tensor) -> Tensor:
     return out
 
 
-def _top_log_probs(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The k most likely outputs of every row and their fp32 log-probabilities: (N, V) -> (N, k), (N, k).
+def _top_log_probs(model: Seq2Seq, h: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The k most likely outputs of every row and their fp32 log-probabilities, from the output layer's input h~:
+    (N, H) -> (N, k), (N, k), largest first.
 
-    Padding and BOS are never outputs: they are set to -inf in `logits` itself (the caller's fresh step
-    output), after the normaliser, which is that of the full softmax, is taken."""
+    One C++ call after the layer's matmul where the compiled kernels run (nmt.kernels.top_logprobs), else torch
+    operations on the layer's logits: padding and BOS are never outputs, so they are set to -inf in the logits
+    (fresh, the caller's) after the normaliser, which is that of the full softmax, is taken."""
+    layer = model.decoder.output
+    found = top_log_probs(h, layer.weight, layer.bias, k, (PAD_ID, BOS_ID))
+    if found is not None:
+        return found
+    logits = layer(h)  # (N, V)
     lse = _normaliser(logits)  # (N,)
     logits[:, PAD_ID] = float("-inf")
     logits[:, BOS_ID] = float("-inf")
@@ -87,8 +95,8 @@ def greedy(
     prev = src.new_full((B,), BOS_ID)  # (A,)
     steps: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # per step: sentence (A,), token, log-prob, weights (A, S)
     for t in range(max(limits)):
-        logits, state, w = model.decoder.step(prev, state, keys, values, mask, params)
-        best_logp, prev = (x[:, 0] for x in _top_log_probs(logits, 1))  # (A,)
+        h, state, w = model.decoder.step(prev, state, keys, values, mask, params, logits=False)
+        best_logp, prev = (x[:, 0] for x in _top_log_probs(model, h, 1))  # (A,)
         steps.append((sentence, prev, best_logp, w.float()))
         done |= (prev == EOS_ID) | (limit_t <= t + 1)
         if bool(done.all()):
@@ -170,11 +178,11 @@ def beam_search(
     C = min(2 * K, model.decoder.output.out_features)  # continuations considered per beam
     beam_index = torch.arange(B, device=dev).repeat_interleave(K)  # (B*K,) sentence of each beam
     # step 0 runs once per sentence (its K beams would extend BOS from one state), then the beams are made
-    logits, state, w = model.decoder.step(src.new_full((B,), BOS_ID), state, keys, values, enc.mask, params)
-    first = tuple(x.index_select(0, beam_index) for x in _top_log_probs(logits, C))  # (B*K, C) each
+    h, state, w = model.decoder.step(src.new_full((B,), BOS_ID), state, keys, values, enc.mask, params, logits=False)
+    first = tuple(x.index_select(0, beam_index) for x in _top_log_probs(model, h, C))  # (B*K, C) each
     keys, values = keys.index_select(0, beam_index), values.index_select(0, beam_index)
     mask, state, w = enc.mask.index_select(0, beam_index), state.select(beam_index), w.index_select(0, beam_index)
-    del logits
+    del h
     limits = max_lengths(lengths, max_len_ratio, max_len_extra)
 
     # the sentences still searching; a finished sentence leaves the batch (beam rows are renumbered then)
@@ -194,9 +202,9 @@ def beam_search(
     for t in range(max(limits)):
         A = sentence.size(0)
         if t:  # the logits of live beams only: a done sentence waiting to leave the batch can extend nothing
-            logits, state, w = model.decoder.step(prev, state, keys, values, mask, params, live)
+            h, state, w = model.decoder.step(prev, state, keys, values, mask, params, live, logits=False)
             # the 2K best candidates of a sentence are among the 2K best continuations of each of its beams
-            beam_logp, beam_ids = _top_log_probs(logits, C)  # (live rows, C)
+            beam_logp, beam_ids = _top_log_probs(model, h, C)  # (live rows, C)
             if live is not None:  # the done sentences' rows: any finite numbers (their scores are -inf)
                 beam_logp = beam_logp.new_zeros(A * K, C).index_copy_(0, live, beam_logp)  # (A*K, C)
                 beam_ids = beam_ids.new_full((A * K, C), PAD_ID).index_copy_(0, live, beam_ids)

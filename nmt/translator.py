@@ -5,9 +5,12 @@
     best.text, best.score, best.src_pieces, best.tgt_pieces, best.attention   # attention (T+1, S)
 
 Sentences are sorted by source length and cut into batches of at most `batch_tokens` padded source
-tokens, so the output never depends on the batch size or on which sentences share a batch. An empty
-(or whitespace-only) input gives one empty Translation without running the model; a source longer than
-`max_src_pieces` pieces is cut to that many (EOS kept) with a logged warning naming the line.
+tokens (by default 8,000 for greedy search and 4,000 for beam search: nmt.decoding.default_batch_tokens), so
+the output never depends on the batch size or on which sentences share a batch. An empty (or whitespace-only)
+input gives one empty Translation without running the model; a source longer than `max_src_pieces` pieces is
+cut to that many (EOS kept) with a logged warning naming the line. Where `kernels` (decoding.kernels) chooses
+them, the search's decoder step runs the hand-written C++ kernels (nmt.kernels.compiled.kernels_for), whatever
+the process's own choice (a Trainer's) is.
 Shapes: B sentences in a batch, S source pieces (EOS included), T output pieces (EOS excluded).
 """
 
@@ -21,9 +24,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.decoding import Decoding
+from nmt.choices import Kernels
+from nmt.decoding import Decoding, default_batch_tokens
 from nmt.device import precision_choice
 from nmt.errors import ConfigError
+from nmt.kernels.compiled import choose_kernels, kernels_for
 from nmt.model import Seq2Seq
 from nmt.search import search
 from nmt.special import EOS_ID, PAD_ID
@@ -54,8 +59,9 @@ class Translator:
         length_penalty: float = Decoding.length_penalty,
         max_len_ratio: float = Decoding.max_len_ratio,
         max_len_extra: int = Decoding.max_len_extra,
-        batch_tokens: int = Decoding.batch_tokens,
+        batch_tokens: int | None = Decoding.batch_tokens,
         amp: str = Decoding.amp,
+        kernels: str = Decoding.kernels,
         max_src_pieces: int = 250,
     ):
         if beam_size < 1 or nbest < 1:
@@ -64,13 +70,22 @@ class Translator:
             raise ConfigError(f"nbest ({nbest}) cannot exceed the beam size ({beam_size}); raise the beam")
         if max_src_pieces < 2:
             raise ConfigError(f"max_src_pieces must be at least 2 (a piece and EOS), not {max_src_pieces}")
+        if batch_tokens is None:
+            batch_tokens = default_batch_tokens(beam_size)
+        if batch_tokens < 1:
+            raise ConfigError(f"batch_tokens must be at least 1 (padded source pieces per batch), not {batch_tokens}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
-        self.decoding = Decoding(beam_size, nbest, length_penalty, max_len_ratio, max_len_extra, batch_tokens, amp)
+        self.decoding = Decoding(
+            beam_size, nbest, length_penalty, max_len_ratio, max_len_extra, batch_tokens, amp, kernels
+        )
         # bf16 decoding: faster where the hardware has bf16, same BLEU (scripts/benchmark.py compares both)
         self.bf16, self.precision_reason = precision_choice(amp, self.device.type)
         log.info("decoding precision: %s (%s)", "bf16" if self.bf16 else "fp32", self.precision_reason)
+        # C++ kernels for the decoder step where they pay (docs/performance.md, "Decoding kernels")
+        self.kernels, self.kernels_reason = choose_kernels(kernels, self.device, self.bf16, "decoding.kernels")
+        log.info("decoding kernels: %s (%s)", self.kernels, self.kernels_reason)
         self.max_src_pieces = max_src_pieces
         self.checkpoint: str | None = None  # set by from_checkpoint; reported by nmt.evaluation
 
@@ -123,6 +138,8 @@ class Translator:
             **asdict(self.decoding),
             "precision": "bf16" if self.bf16 else "fp32",
             "precision_reason": self.precision_reason,  # e.g. "amp=auto: AMX computes bf16 natively"
+            "kernels_resolved": str(self.kernels),
+            "kernels_reason": self.kernels_reason,
             "max_src_pieces": self.max_src_pieces,
             "device": str(self.device),
             "attention": self.model.config.attention,
@@ -203,7 +220,9 @@ class Translator:
         for b, s in enumerate(seqs):
             src[b, : len(s)] = torch.tensor(s, dtype=torch.long)
         d = self.decoding
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        strict = self.decoding.kernels == Kernels.compiled  # insisted on: a failed build is an error
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        with kernels_for(self.kernels, strict), autocast:
             return search(
                 self.model,
                 src.to(self.device),

@@ -18,9 +18,13 @@ from types import SimpleNamespace
 import matplotlib.image
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from nmt.attention import ATTENTIONS
+from nmt.cli.common import typed
 from nmt.decoder import DecoderState
+from nmt.decoding import BEAM_BATCH_TOKENS, GREEDY_BATCH_TOKENS, Decoding
+from nmt.errors import ConfigError
 from nmt.evaluation import evaluate, format_report, heatmap_picks
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.search import beam_search, greedy, length_penalty, search
@@ -105,7 +109,7 @@ def test_done_sentences_leaving_the_batch_changes_no_result(attention, monkeypat
         model.decoder.output.bias[EOS_ID] = -1e4  # each sentence runs to its own length limit: they leave one by one
     src, lengths = random_batch(LENGTHS + [3, 8, 6])
     step, rows = model.decoder.step, []
-    monkeypatch.setattr(model.decoder, "step", lambda prev, *args: rows.append(len(prev)) or step(prev, *args))
+    monkeypatch.setattr(model.decoder, "step", lambda prev, *a, **kw: rows.append(len(prev)) or step(prev, *a, **kw))
     results = {}
     for share in (0.0, 0.25, 2.0):  # at every step (even with none done), a quarter (the default), never
         monkeypatch.setattr(nmt.search, "DONE_SHARE", share)
@@ -131,7 +135,7 @@ def test_done_sentences_leaving_the_greedy_batch_changes_no_result(attention, mo
         model.decoder.output.bias[EOS_ID] = 0.2  # some sentences end at EOS, the others at their limits
     src, lengths = random_batch(LENGTHS + [3, 8, 6])
     step, rows = model.decoder.step, []
-    monkeypatch.setattr(model.decoder, "step", lambda prev, *args: rows.append(len(prev)) or step(prev, *args))
+    monkeypatch.setattr(model.decoder, "step", lambda prev, *a, **kw: rows.append(len(prev)) or step(prev, *a, **kw))
     results = {}
     for share in (0.0, 0.25, 2.0):  # at every step, a quarter (the default), never
         monkeypatch.setattr(nmt.search, "DONE_SHARE", share)
@@ -195,7 +199,10 @@ class ScriptedModel:
 
     def __init__(self):
         self.decoder = self
-        self.output = torch.nn.Linear(1, 6)  # out_features: the vocabulary
+        self.output = torch.nn.Linear(6, 6)  # the vocabulary; the identity: step's h~ are the scripted logits
+        with torch.no_grad():
+            self.output.weight.copy_(torch.eye(6))
+            self.output.bias.zero_()
 
     def encode(self, src, lengths):
         B = src.size(0)
@@ -206,8 +213,8 @@ class ScriptedModel:
     def step_params(self, device):
         return None
 
-    def step(self, prev, state, keys, values, mask, params, rows=None):
-        logits = torch.full((prev.size(0), 6), -1e9)
+    def step(self, prev, state, keys, values, mask, params, rows=None, logits=True):
+        logits = torch.full((prev.size(0), 6), -1e9)  # the output layer's input and output alike
         for row, word in enumerate(prev.tolist()):
             for nxt, p in self.TABLE[word].items():
                 logits[row, nxt] = math.log(p)
@@ -266,6 +273,21 @@ def test_translator_output_does_not_depend_on_batch_tokens(translator_parts):
         assert [[t.text for t in ts] for ts in big] == [[t.text for t in ts] for ts in small]
         scores = [t.score for ts in small for t in ts]
         assert [t.score for ts in big for t in ts] == pytest.approx(scores, abs=1e-4)
+
+
+def test_batch_tokens_default_follows_the_search(translator_parts):
+    """Unset, a batch holds 8,000 padded source pieces for greedy search and 4,000 for beam search (whose batch
+    has beam_size rows a sentence); a value given is kept; below 1 is an error naming the setting."""
+    model, tok = translator_parts
+    assert Translator(model, tok, beam_size=1).decoding.batch_tokens == GREEDY_BATCH_TOKENS
+    assert Translator(model, tok, beam_size=5).decoding.batch_tokens == BEAM_BATCH_TOKENS
+    assert Translator(model, tok, beam_size=5, batch_tokens=123).settings["batch_tokens"] == 123
+    assert GREEDY_BATCH_TOKENS > BEAM_BATCH_TOKENS
+    with pytest.raises(ConfigError, match="batch_tokens"):
+        Translator(model, tok, batch_tokens=0)
+    # the config group: unset by default, an explicit value through typed() as nmt-evaluate reads it
+    assert typed(Decoding, OmegaConf.create({"beam_size": 5}), "decoding").batch_tokens is None
+    assert typed(Decoding, OmegaConf.create({"batch_tokens": 2000}), "decoding").batch_tokens == 2000
 
 
 def test_translations_keep_order_and_shapes(translator_parts):
@@ -447,13 +469,12 @@ def test_nmt_translate_defaults_are_the_decoding_schema_and_parsing_needs_no_tor
         "import json, sys\n"
         "from nmt.cli.translate import parse_args\n"
         "a = parse_args(['x.pt'])\n"
-        "print(json.dumps([a.beam, a.nbest, a.length_penalty, a.max_len_ratio, a.amp, 'torch' in sys.modules]))"
+        "a = [a.beam, a.nbest, a.length_penalty, a.max_len_ratio, a.amp, a.kernels]\n"
+        "print(json.dumps(a + ['torch' in sys.modules]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    from nmt.decoding import Decoding
-
     d = Decoding()
-    expected = [d.beam_size, d.nbest, d.length_penalty, d.max_len_ratio, str(d.amp), False]
+    expected = [d.beam_size, d.nbest, d.length_penalty, d.max_len_ratio, str(d.amp), str(d.kernels), False]
     assert json.loads(proc.stdout) == expected
 
 
@@ -461,7 +482,6 @@ def test_nmt_translate_defaults_are_the_decoding_schema_and_parsing_needs_no_tor
 def test_bad_bucket_edges_fail_naming_the_option(edges):
     """One check for bucket edges everywhere (nmt-evaluate's buckets, nmt-study's --buckets, the trainer's
     length_buckets): whole word counts from 0, strictly increasing."""
-    from nmt.errors import ConfigError
     from nmt.metrics import check_edges
 
     with pytest.raises(ConfigError, match=r"^trainer.length_buckets: bucket edges must be strictly increasing"):

@@ -18,7 +18,7 @@ import select
 import sys
 from collections.abc import Iterator
 
-from nmt.choices import Amp
+from nmt.choices import Amp, Kernels
 from nmt.decoding import Decoding  # torch-free: the defaults below are the library's
 
 EPILOG = """output:
@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=[a.value for a in Amp],
         help="bf16 autocast: auto (the default) uses it where the hardware computes bf16 (CUDA; CPUs "
         "with AVX-512 BF16 or AMX), off decodes in fp32",
+    )
+    p.add_argument(
+        "--kernels",
+        default=Decoding.kernels.value,
+        choices=[k.value for k in Kernels],
+        help="the decoder step's C++ kernels: auto_fp32 (the default) where decoding runs in fp32 on a CPU with a "
+        "C++ compiler (built once per machine, a few seconds; later runs load them at once), eager never",
     )
     p.add_argument(
         "--plot",
@@ -182,6 +189,7 @@ def translate(args: argparse.Namespace) -> None:
         length_penalty=args.length_penalty,
         max_len_ratio=args.max_len_ratio,
         amp=args.amp,
+        kernels=args.kernels,
     )
     translator.checkpoint = args.checkpoint
     if args.attention:

@@ -12,7 +12,10 @@ result on disk, so later processes take a few seconds).
     kernel = cpp_kernel(path, argtypes)  # a hand-written C++ kernel (nmt/kernels/csrc), built the same way
 
 One step of RNNsearch's attention is such a hand-written kernel (nmt.kernels.attention_step): Inductor's C++
-toolchain builds it with the same compiler, flags and vector ISA as its own kernels (a second or two).
+toolchain builds it with the same compiler, flags and vector ISA as its own kernels (a second or two). Importing
+that toolchain takes over a second itself, so the first build notes where the library lies (a small JSON file
+in Inductor's cache directory, keyed by the source, argument types, torch version and vector ISA) and later
+processes load it from there directly, in milliseconds.
 
 `eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's preset) uses compiled kernels on
 a CPU where a C++ compiler is found, eager ones elsewhere (CUDA is unmeasured); `auto_fp32` (the multi30k_deen
@@ -20,17 +23,28 @@ preset's) does what `auto` does where training runs in fp32 and stays eager unde
 with the eager kernels; `compiled` insists (a failed compilation is an error naming the fix). Compiling costs:
 torch's compiler stack adds about 165 MB to the process (measured on one machine) and the first batches wait for
 it, so the default stays eager. The choice is process-wide, like torch.backends' settings, and eager unless a
-Trainer set it: the decoding commands start in a second rather than compile. Where `auto` meets a failed
-compilation it warns once and goes on eagerly. Both paths compute the same arithmetic, each tested against the
-plain form.
+Trainer set it. A Translator holds its own (decoding.kernels, `auto_fp32` by default) for the duration of each
+search (`kernels_for`): its decoder step uses only the hand-written kernels (attention step, LSTM cell, top k),
+built once per machine (about 9 s on 2 cores) and loaded at once after that, so the decoding commands still start
+in about a second. Where `auto` meets a failed compilation it warns once and goes on eagerly. Both paths compute
+the same arithmetic, each tested against the plain form.
 """
 
 from __future__ import annotations
 
+import getpass
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
 import logging
 import os
+import re
 import shutil
-from collections.abc import Callable, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -48,7 +62,17 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-_state: dict = {"kernels": Kernels.eager, "strict": False, "worked": False}
+# kernels: the choice; strict: a failure is an error; worked: a compiled call has run; broken: a build failed;
+# graphs: torch.compile's kernels too (a Translator's search runs only the hand-written ones: kernels_for)
+_state: dict = {"kernels": Kernels.eager, "strict": False, "worked": False, "broken": False, "graphs": True}
+_local = threading.local()  # .choice: a Translator's kernels, strict and graphs while it searches in this thread
+
+
+def _choice() -> dict:
+    """The kernels, strict and graphs in force in this thread: a Translator's while it searches, else the process's."""
+    return getattr(_local, "choice", None) or _state
+
+
 _cache: dict[Callable | Path, Callable] = {}  # compiled functions and built C++ kernels
 
 
@@ -69,46 +93,67 @@ def has_compiler() -> bool:
     return compiler() is not None
 
 
-def choose_kernels(value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False) -> tuple[Kernels, str]:
-    """What `value` (trainer.kernels) resolves to on `device`, training under bf16 autocast or not, and why, in
-    words for the Trainer's log line, e.g. "trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++);
-    Inductor vectorises for AVX512"."""
-    value = choice(Kernels, value, "trainer.kernels")
+def choose_kernels(
+    value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False, setting: str = "trainer.kernels"
+) -> tuple[Kernels, str]:
+    """What `value` (the config key `setting`: trainer.kernels, or decoding.kernels for a Translator) resolves to
+    on `device`, running under bf16 autocast or not, and why, in words for the log line, e.g.
+    "trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++); Inductor vectorises for AVX512"."""
+    value = choice(Kernels, value, setting)
     if value not in (Kernels.auto, Kernels.auto_fp32):
-        return value, f"trainer.kernels={value}"
+        return value, f"{setting}={value}"
     if torch.device(device).type != "cpu":
         return (
             Kernels.eager,
-            f"trainer.kernels={value}: the compiled kernels are CPU code, this is {torch.device(device).type}",
+            f"{setting}={value}: the compiled kernels are CPU code, this is {torch.device(device).type}",
         )
     if value == Kernels.auto_fp32 and bf16:
-        return Kernels.eager, "trainer.kernels=auto_fp32: training runs in bf16, where the eager kernels were measured"
+        what = "training runs" if setting == "trainer.kernels" else "it runs"
+        return Kernels.eager, f"{setting}=auto_fp32: {what} in bf16, where the eager kernels were measured"
     if not has_compiler():
-        return Kernels.eager, f"trainer.kernels={value}: no C++ compiler on PATH (CXX, c++, g++, clang++)"
+        return Kernels.eager, f"{setting}={value}: no C++ compiler on PATH (CXX, c++, g++, clang++)"
     found = compiler() or "a C++ compiler"
     isa = torch.backends.cpu.get_cpu_capability()  # Inductor's vector ISA follows it (ATEN_CPU_CAPABILITY)
     where = "a CPU" if value == Kernels.auto else "fp32 on a CPU"
-    why = f"trainer.kernels={value}: {where} with a C++ compiler ({found}); Inductor vectorises for {isa}"
+    why = f"{setting}={value}: {where} with a C++ compiler ({found}); Inductor vectorises for {isa}"
     return Kernels.compiled, why
 
 
 def set_kernels(value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False) -> Kernels:
     """Choose the kernels for this process (see the module docstring and choose_kernels); returns what `value`
-    resolved to."""
+    resolved to. A build that failed before is tried again (a Translator's kernels_for gives up on it)."""
     resolved, _ = choose_kernels(value, device, bf16)
-    _state.update(kernels=resolved, strict=choice(Kernels, value, "trainer.kernels") == Kernels.compiled)
+    strict = choice(Kernels, value, "trainer.kernels") == Kernels.compiled
+    _state.update(kernels=resolved, strict=strict, broken=False)
     return resolved
 
 
 def kernels() -> Kernels:
-    return _state["kernels"]
+    return _choice()["kernels"]
+
+
+@contextmanager
+def kernels_for(resolved: Kernels, strict: bool = False) -> Iterator[None]:
+    """Within the block, the kernels `resolved` (what choose_kernels returned): a Translator's choice for its
+    decoding, whatever the process had; restored after. Only the hand-written C++ kernels (cpp_kernel), which
+    load in milliseconds once built: `compiled` gives None inside, so no torch.compile (Dynamo traces in every
+    process, seconds) runs for a search (Luong's concat score, say, then scores with torch operations). Eager
+    where a build has failed in this process, unless `strict` (decoding.kernels=compiled): a failure is then an
+    error naming the fix. For this thread only: the process's choice (a Trainer's) holds in the others."""
+    saved = getattr(_local, "choice", None)
+    broken = resolved == Kernels.compiled and _state["broken"] and not strict
+    _local.choice = {"kernels": Kernels.eager if broken else resolved, "strict": strict, "graphs": False}
+    try:
+        yield
+    finally:
+        _local.choice = saved
 
 
 def compiled(fn: Callable) -> Callable | None:
     """`fn` compiled (one compilation for every shape, torch.compile(dynamic=True)), or None when the kernels
     are eager. The first call compiles; a failure turns the kernels eager (a warning) or, where
     trainer.kernels=compiled asked for them, raises a ConfigError."""
-    if _state["kernels"] != Kernels.compiled:
+    if _choice()["kernels"] != Kernels.compiled or not _choice()["graphs"]:
         return None
     if fn not in _cache:
         # dynamic_threads: the kernels read torch's thread count when they run, not when they were compiled
@@ -122,17 +167,67 @@ def cpp_kernel(path: Path, argtypes: Sequence[str]) -> Callable | None:
     "int64_t", "float", "uintptr_t" for addresses), built once per process by Inductor's C++ toolchain (it
     caches the library on disk); None while the kernels are eager. A failed build is handled as a failed
     torch.compile: eager kernels after a warning, or a ConfigError where trainer.kernels=compiled."""
-    if _state["kernels"] != Kernels.compiled:
+    if _choice()["kernels"] != Kernels.compiled:
         return None
     if path not in _cache:
         try:
-            from torch._inductor.codecache import CppPythonBindingsCodeCache  # torch's own, private: may move
-
-            _cache[path] = CppPythonBindingsCodeCache.load_pybinding(list(argtypes), path.read_text(encoding="utf-8"))
+            _cache[path] = _load_built(path, argtypes) or _build(path, argtypes)
         except Exception as e:
             _failed(e)
             return None
     return _cache[path]
+
+
+def _build(path: Path, argtypes: Sequence[str]) -> Callable:
+    """Build (or find in Inductor's cache) the kernel through Inductor, which costs its import (over a second),
+    and note where its library lies, so that later processes load it directly (_load_built)."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache  # torch's own, private: may move
+
+    kernel = CppPythonBindingsCodeCache.load_pybinding(list(argtypes), path.read_text(encoding="utf-8"))
+    module = getattr(kernel, "__self__", None)
+    try:
+        note = {"module": module.__name__, "file": module.__file__}
+        index = _index(path, argtypes)
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(json.dumps(note), encoding="utf-8")
+    except (AttributeError, OSError, TypeError):  # no note: later processes build through Inductor again
+        pass
+    return kernel
+
+
+def _load_built(path: Path, argtypes: Sequence[str]) -> Callable | None:
+    """The kernel from the library an earlier process built for this source, argument types, torch and vector
+    ISA, loaded as Inductor loads it (its module reads a torch address from the environment) but without
+    importing Inductor: milliseconds, so the decoding commands start in about a second. None where there is
+    no such library (or torch no longer has what the loading needs)."""
+    try:
+        note = json.loads(_index(path, argtypes).read_text(encoding="utf-8"))
+        if not Path(note["file"]).is_file():
+            return None
+        address_ = torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr  # private, as Inductor's
+        os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(address_)
+        loader = importlib.machinery.ExtensionFileLoader(note["module"], note["file"])
+        spec = importlib.util.spec_from_file_location(note["module"], note["file"], loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        return module.kernel
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError, RuntimeError):
+        return None
+
+
+def _index(path: Path, argtypes: Sequence[str]) -> Path:
+    """Where _build notes the library of `path`'s kernel: in Inductor's cache directory (TORCHINDUCTOR_CACHE_DIR,
+    else torchinductor_<user> in the temporary directory, as torch computes it), under a key of everything
+    the library depends on here."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if root is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, ModuleNotFoundError, OSError):
+            user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+        root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    parts = [path.read_text(encoding="utf-8"), *argtypes, torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    key = hashlib.sha256("\0".join([*parts, compiler() or ""]).encode()).hexdigest()[:40]
+    return Path(root).absolute() / "nmt_kernels" / f"{key}.json"
 
 
 def address(x: torch.Tensor | None) -> int:
@@ -142,13 +237,14 @@ def address(x: torch.Tensor | None) -> int:
 
 def _failed(e: Exception) -> None:
     """Compiling failed: a ConfigError where the kernels were insisted on, else a warning and eager kernels."""
-    if _state["strict"]:
+    if _choice()["strict"]:
         raise ConfigError(
-            f"trainer.kernels=compiled: torch.compile failed ({type(e).__name__}: {str(e)[:300]}); "
-            "install a C++ compiler (apt install g++) or use trainer.kernels=eager"
+            f"kernels=compiled: torch.compile failed ({type(e).__name__}: {str(e)[:300]}); install a C++ compiler "
+            "(apt install g++) or use trainer.kernels=eager (decoding.kernels=eager, nmt-translate --kernels eager)"
         ) from e
     log.warning("torch.compile failed (%s); the additive attention runs eager kernels", type(e).__name__)
-    _state["kernels"] = Kernels.eager
+    _choice()["kernels"] = Kernels.eager  # a Translator's choice, or the process's
+    _state["broken"] = True
 
 
 def _guarded(compiled_fn: Callable) -> Callable:
