@@ -137,7 +137,8 @@ def test_tiny_run_writes_the_expected_json(tiny):
     for label, beam in (("greedy", 1), ("beam5", 5)):
         dec = report["decode"][label]
         assert dec["beam"] == beam and dec["sentences"] == 20
-        positive(dec, "decode_seconds", "process_seconds", "sentences_per_s")
+        positive(dec, "decode_seconds", "process_seconds", "sentences_per_s", "warmup_seconds")
+        assert dec["kernels"] in ("compiled", "eager") and dec["kernels_reason"].startswith("decoding.kernels=")
         assert 0 <= dec["bleu"] <= 100 and dec["process_output_matches"] is True
         assert dec["precision"] in ("bf16", "fp32") and ("fp32" in dec) == (dec["precision"] == "bf16")
         assert dec["precision_reason"].startswith("amp=auto: ")  # why bf16 or not, in words
