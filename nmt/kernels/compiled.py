@@ -189,7 +189,9 @@ def _build(path: Path, argtypes: Sequence[str]) -> Callable:
         note = {"module": module.__name__, "file": module.__file__}
         index = _index(path, argtypes)
         index.parent.mkdir(parents=True, exist_ok=True)
-        index.write_text(json.dumps(note), encoding="utf-8")
+        partial = index.with_name(f"{index.name}.{os.getpid()}.tmp")  # whole or absent for a reader (pytest-xdist)
+        partial.write_text(json.dumps(note), encoding="utf-8")
+        os.replace(partial, index)
     except (AttributeError, OSError, TypeError):  # no note: later processes build through Inductor again
         pass
     return kernel
