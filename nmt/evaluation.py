@@ -138,9 +138,10 @@ def _decoding_line(result: dict) -> str:
     d = result.get("decoding", {})
     kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
     why = f" ({d['precision_reason']})" if d.get("precision_reason") else ""  # reports older than issue 42 lack it
+    kernels = f", {d['kernels_resolved']} kernels" if d.get("kernels_resolved") else ""  # since decoding.kernels
     return (
-        f"{kind}, length penalty {d.get('length_penalty')}, "
-        f"max length {d.get('max_len_ratio')} x source + {d.get('max_len_extra')}, {d.get('precision', 'fp32')}{why}"
+        f"{kind}, length penalty {d.get('length_penalty')}, max length {d.get('max_len_ratio')} x source + "
+        f"{d.get('max_len_extra')}, {d.get('precision', 'fp32')}{why}{kernels}"
     )
 
 

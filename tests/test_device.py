@@ -126,6 +126,8 @@ def test_the_decoding_report_says_why_its_precision():
     assert _decoding_line({"decoding": decoding}).endswith(", fp32")  # a report from before the reason existed
     decoding["precision_reason"] = "amp=auto: this CPU has no native bf16"
     assert _decoding_line({"decoding": decoding}).endswith(", fp32 (amp=auto: this CPU has no native bf16)")
+    decoding["kernels_resolved"] = "compiled"  # the decoder step's C++ kernels (decoding.kernels)
+    assert _decoding_line({"decoding": decoding}).endswith("no native bf16), compiled kernels")
 
 
 def test_the_machine_record_names_the_malloc(monkeypatch):
