@@ -295,26 +295,33 @@ def test_the_kernels_build_without_a_vector_isa(compiled, monkeypatch):
     torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compiled, monkeypatch):
-    """A step weight packed for oneDNN (bf16 where the compiled kernels run; fp32 only when asked, as here: it is
-    not packed in training, nmt.kernels.stepweight.Packed says why): x W^T and the input gradient g W of steps
-    with any number of rows, and the weight's gradient summed over them, are the plain products'."""
+@pytest.mark.parametrize(
+    "dtype, panels",
+    [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
+    ids=["fp32", "fp32-onednn", "bf16"],
+)
+def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, panels, compiled, monkeypatch):
+    """A step weight packed where the compiled kernels run (fp32: in nmt.kernels.step_gemm's panels; bf16: for
+    oneDNN; fp32 for oneDNN only when asked, as here: nmt.kernels.stepweight.Packed says why not): x W^T and the
+    input gradient g W of steps with any number of rows, and the weight's gradient summed over them, are the
+    plain products'."""
     import torch.nn.functional as F
 
     import nmt.kernels.stepweight as stepweight
     from nmt.device import native_bf16
-    from nmt.kernels.stepweight import StepWeight
+    from nmt.kernels.step_gemm import Panels
+    from nmt.kernels.stepweight import Packed, StepWeight
 
     if dtype == torch.bfloat16 and not native_bf16("cpu"):
         pytest.skip("bf16 weights are packed only on a CPU with bf16 hardware")
     g = torch.Generator().manual_seed(8)
     weight = torch.randn(24, 40, generator=g).to(dtype).requires_grad_()
     xs = [torch.randn(n, 40, generator=g).to(dtype).requires_grad_() for n in (7, 32, 33, 1)]
-    assert (StepWeight.of(weight, None).packed is None) == (dtype == torch.float32)  # what training does
+    assert isinstance(StepWeight.of(weight, None).packed, Panels if dtype == torch.float32 else Packed)  # training's
+    monkeypatch.setitem(stepweight._PACKING, "panels", panels)
     monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32, torch.bfloat16))
     step = StepWeight.of(weight, None)
-    assert step.packed is not None
+    assert isinstance(step.packed, Panels if panels else Packed)
     ours = sum((step(x).float() * (i + 1)).sum() for i, x in enumerate(xs))
     grads = torch.autograd.grad(ours, [weight, *xs])
     exact = [t.detach().double().requires_grad_() for t in (weight, *xs)]  # the same values, in fp64
@@ -337,7 +344,8 @@ def test_packing_turns_off_where_onednn_refuses(monkeypatch, compiled):
         raise RuntimeError("no packing here")
 
     monkeypatch.setitem(stepweight._PACKING, "works", True)
-    monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32,))  # an fp32 weight: packed when asked
+    monkeypatch.setitem(stepweight._PACKING, "panels", False)  # an fp32 weight for oneDNN: packed when asked
+    monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32,))
     monkeypatch.setattr(stepweight, "_reorder", refuse)
     weight = torch.randn(6, 5, requires_grad=True)
     step = stepweight.StepWeight.of(weight, None)

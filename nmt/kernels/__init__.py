@@ -4,6 +4,7 @@ dispatched operations per decoder step. Each is tested against the plain form.
     compiled.py        the process's kernel choice (trainer.kernels) and building kernels with torch.compile's
                        C++ toolchain: Inductor's generated loops and the hand-written C++ of csrc/
     stepweight.py      weights (and batches of matrices) used at every step, their gradient one matmul over all steps
+    step_gemm.py       a step's fp32 products through weights packed once per batch (csrc/step_gemm.cpp)
     energy.py          the additive attention's energy v^T tanh(q + k) in cache-sized pieces, its own backward
     attention_step.py  one decoder step of the additive attention in C++ (csrc/additive_step.cpp)
     lstm.py            the decoder's LSTM written out one step at a time; its cell in C++ (csrc/lstm_cell.cpp)

@@ -10,8 +10,9 @@ the shared tensor's backward, which autograd runs after every step's, does the o
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
 
-Where the compiled kernels run (trainer.kernels) on a CPU with bf16 hardware, a bf16 weight is also packed once
-per batch into oneDNN's layout for the steps' products (`Packed`; fp32 weights are not: see there).
+Where the compiled kernels run (trainer.kernels) on a CPU, the weight is also packed once per batch for the steps'
+products: an fp32 weight in panels for a hand-written kernel (nmt.kernels.step_gemm), a bf16 weight on a CPU with
+bf16 hardware in oneDNN's layout (`Packed`; fp32 weights no longer go to oneDNN: see there).
 
 The attention's values (and the keys of the matmul scores) are the same for a batch of matrices, one per
 sentence: `StepMatrix.of(values, dtype)` hands them to the steps, each step's a_t M records (a_t, g_t), and the
@@ -30,7 +31,9 @@ from torch import Tensor
 
 from nmt.choices import Kernels
 from nmt.device import native_bf16
+from nmt.kernels import step_gemm
 from nmt.kernels.compiled import is_in_torch_dispatch_mode, kernels
+from nmt.kernels.step_gemm import Panels
 from nmt.shapes import pad_rows
 
 
@@ -104,7 +107,8 @@ class Packed(NamedTuple):
     inputs"). Packed where the compiled kernels run (trainer.kernels, nmt.kernels.compiled), on a CPU with bf16
     hardware, in bf16; the products are the same up to the order of fp32 sums.
 
-    fp32 weights are not packed (they were until 2026-12-06): fp32 steps keep their exact row counts (rows are
+    fp32 weights are not packed for oneDNN (they were until 2026-12-06; they go to nmt.kernels.step_gemm's panels
+    instead, which hold no state between calls): fp32 steps keep their exact row counts (rows are
     rounded to a few shapes only under autocast), so oneDNN builds and keeps a kernel for nearly every step of
     every batch. On a 2-core AMD EPYC with AVX2 only, the multi30k_deen preset in fp32 with the compiled
     kernels (`python scripts/memory_trace.py --seconds 150`, one run each) trained 133.2 sentences/s at 2,487
@@ -117,9 +121,14 @@ class Packed(NamedTuple):
     backward: Tensor
 
     @staticmethod
-    def pack(weight: Tensor) -> Packed | None:
-        """W packed (see the class), or None where it is not (the step then calls F.linear and mm)."""
-        if not _PACKING["works"] or weight.device.type != "cpu" or kernels() != Kernels.compiled:
+    def pack(weight: Tensor) -> Packed | Panels | None:
+        """W packed (see the class; an fp32 W in nmt.kernels.step_gemm's panels), or None where it is not (the
+        step then calls F.linear and mm)."""
+        if weight.device.type != "cpu" or kernels() != Kernels.compiled:
+            return None
+        if weight.dtype == torch.float32 and _PACKING["panels"]:
+            return step_gemm.pack(weight)
+        if not _PACKING["works"]:
             return None
         if weight.dtype not in _PACKING["dtypes"] or (weight.dtype == torch.bfloat16 and not native_bf16("cpu")):
             return None
@@ -137,8 +146,9 @@ class Packed(NamedTuple):
 
 
 PACK_ROWS = 32  # the row count oneDNN packs for: a hint (a step's products take any number of rows)
-# whether oneDNN packs here, and the dtypes packed (fp32 not: see Packed; the tests add it to check the products)
-_PACKING = {"works": torch.backends.mkldnn.is_available(), "dtypes": (torch.bfloat16,)}
+# whether oneDNN packs here, and the dtypes it packs (fp32 not: see Packed; the tests add it to check the
+# products); panels: fp32 weights go to nmt.kernels.step_gemm instead
+_PACKING = {"works": torch.backends.mkldnn.is_available(), "dtypes": (torch.bfloat16,), "panels": True}
 
 
 def _reorder(weight: Tensor) -> Tensor:
@@ -147,16 +157,22 @@ def _reorder(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
 
 
-def step_product(x: Tensor, weight: Tensor, packed: Packed | None) -> Tensor:
-    """x W^T, through the packed W where there is one (x 2-D, outside torch's dispatch modes), else F.linear."""
+def step_product(x: Tensor, weight: Tensor, packed: Packed | Panels | None) -> Tensor:
+    """x W^T, through the packed W where there is one (x 2-D, fp32 for the panels, outside torch's dispatch
+    modes: a FLOP counter sees F.linear), else F.linear."""
     if packed is not None and x.dim() == 2 and not is_in_torch_dispatch_mode():
-        return Packed.product(x, packed.forward)
+        if not isinstance(packed, Panels):
+            return Packed.product(x, packed.forward)
+        if x.dtype == torch.float32:
+            return step_gemm.product(x, packed.forward, weight.size(0), packed.kernel)
     return F.linear(x, weight)
 
 
-def step_input_gradient(grad: Tensor, weight: Tensor, packed: Packed | None) -> Tensor:
+def step_input_gradient(grad: Tensor, weight: Tensor, packed: Packed | Panels | None) -> Tensor:
     """g W (x W^T's input gradient), through the packed W^T where there is one and g is in W's dtype."""
     if packed is not None and grad.dtype == weight.dtype and not is_in_torch_dispatch_mode():
+        if isinstance(packed, Panels):
+            return step_gemm.product(grad, packed.backward, weight.size(1), packed.kernel)
         return Packed.product(grad, packed.backward)
     return grad.mm(weight)
 
@@ -165,7 +181,7 @@ class _StepLinear(torch.autograd.Function):
     """x W^T for one step; its weight gradient is left to _Steps.weight_gradient (only the input gradient here)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, steps: _Steps, packed: Packed | None) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, steps: _Steps, packed: Packed | Panels | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.steps, ctx.packed = steps, packed
         return step_product(x, weight, packed)
@@ -186,7 +202,7 @@ class StepWeight(NamedTuple):
 
     weight: Tensor
     steps: _Steps | None
-    packed: Packed | None = None
+    packed: Packed | Panels | None = None
 
     @classmethod
     def of(cls, weight: Tensor, dtype: torch.dtype | None) -> StepWeight:
