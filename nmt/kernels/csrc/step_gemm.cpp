@@ -7,8 +7,9 @@
 //
 // A step multiplies about a hundred rows by a weight of a few MB: a general GEMM repacks the weight at every call
 // and, over so few rows, that copy is a large part of the call. Here each thread takes a range of panels, and
-// for every KC rows of a panel (16 KB, in the L1 cache) runs through all of A's rows, MR at a time, with MR x NR
-// sums in registers. Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls `kernel`.
+// for every KC rows of a panel (16 KB, in the L1 cache) runs through MC of A's rows (in the L2 cache; a step's
+// rows are one such pass), MR at a time, with MR x NR sums in registers. Built by Inductor's C++ toolchain
+// (torch's vector ISA and flags), which calls `kernel`.
 #include <torch/csrc/inductor/cpp_prefix.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -20,6 +21,7 @@ constexpr int64_t W = Vec::size();
 constexpr int64_t NR = 2 * W;  // a panel's columns
 constexpr int64_t MR = 6;      // rows a register block: 2 x MR sums, 2 of B and one of A (12 + 3 of 16 on AVX2)
 constexpr int64_t KC = 256;    // a panel's rows that stay in the L1 cache: KC x NR floats (16 KB on AVX2)
+constexpr int64_t MC = 144;    // A's rows a pass over the panels takes: MC x KC floats (144 KB) in the L2 cache
 
 static void pack(const float* w, int64_t sk, int64_t sj, int64_t K, int64_t N, float* out) {
     const int64_t panels = (N + NR - 1) / NR;
@@ -86,25 +88,30 @@ static inline void block(const float* a, int64_t lda, const float* b, int64_t kc
 static void product(const float* a, int64_t lda, const float* packed, int64_t n, int64_t K, int64_t N, float* c,
                     int64_t ldc) {
     const int64_t panels = (N + NR - 1) / NR;
+    for (int64_t i0 = 0; i0 < n; i0 += MC) {  // MC rows of A at a time: KC columns of them stay in the L2 cache
+        const int64_t m = std::min(MC, n - i0);
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
-        const int64_t cols = std::min(NR, N - p * NR);
-        const float* panel = packed + p * K * NR;
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-            const int64_t kc = std::min(KC, K - k0);
-            const bool add = k0 > 0;
-            const float* b = panel + k0 * NR;
-            int64_t i = 0;
-            for (; i + MR <= n; i += MR) block<MR>(a + i * lda + k0, lda, b, kc, c + i * ldc + p * NR, ldc, add, cols);
-            const float* ai = a + i * lda + k0;
-            float* ci = c + i * ldc + p * NR;
-            switch (n - i) {
-                case 5: block<5>(ai, lda, b, kc, ci, ldc, add, cols); break;
-                case 4: block<4>(ai, lda, b, kc, ci, ldc, add, cols); break;
-                case 3: block<3>(ai, lda, b, kc, ci, ldc, add, cols); break;
-                case 2: block<2>(ai, lda, b, kc, ci, ldc, add, cols); break;
-                case 1: block<1>(ai, lda, b, kc, ci, ldc, add, cols); break;
-                default: break;
+        for (int64_t p = 0; p < panels; ++p) {
+            const int64_t cols = std::min(NR, N - p * NR);
+            const float* panel = packed + p * K * NR;
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = std::min(KC, K - k0);
+                const bool add = k0 > 0;
+                const float* b = panel + k0 * NR;
+                const float* ai = a + i0 * lda + k0;
+                float* ci = c + i0 * ldc + p * NR;
+                int64_t i = 0;
+                for (; i + MR <= m; i += MR) block<MR>(ai + i * lda, lda, b, kc, ci + i * ldc, ldc, add, cols);
+                ai += i * lda;
+                ci += i * ldc;
+                switch (m - i) {
+                    case 5: block<5>(ai, lda, b, kc, ci, ldc, add, cols); break;
+                    case 4: block<4>(ai, lda, b, kc, ci, ldc, add, cols); break;
+                    case 3: block<3>(ai, lda, b, kc, ci, ldc, add, cols); break;
+                    case 2: block<2>(ai, lda, b, kc, ci, ldc, add, cols); break;
+                    case 1: block<1>(ai, lda, b, kc, ci, ldc, add, cols); break;
+                    default: break;
+                }
             }
         }
     }
