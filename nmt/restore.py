@@ -21,9 +21,11 @@ MODEL_KEYS = ("model", "model_config", "src_vocab", "tgt_vocab", "spm_src", "spm
 
 
 def model_from_checkpoint(
-    data: dict, device: str | torch.device = "cpu", path: str | Path | None = None
+    data: dict, device: str | torch.device = "cpu", path: str | Path | None = None, averaged: bool = True
 ) -> tuple[Seq2Seq, Tokenizer]:
     """Rebuild the model (in eval mode) and tokenizer a checkpoint describes; CheckpointError if it cannot.
+    The weights are the average over the training steps where the run kept one (trainer.average_decay,
+    nmt.averaging) and `averaged`, else the weights training stepped from.
 
     `path` only names the file in the error messages.
     """
@@ -47,7 +49,7 @@ def model_from_checkpoint(
             f"{where}: its model_config does not describe a model this version can build ({first_line(e)}); {retrain}"
         ) from None
     try:
-        model.load_state_dict(data["model"])
+        model.load_state_dict(data["average"]["model"] if averaged and data.get("average") else data["model"])
     except Exception as e:  # RuntimeError listing missing/unexpected keys and size mismatches
         lines = [line.strip() for line in str(e).splitlines()[1:] if line.strip()] or [first_line(e)]
         problem = lines[0].replace("torch.Size(", "").replace("])", "]")[:200]

@@ -73,6 +73,7 @@ HARMLESS = (
     "trainer.valid_batch_tokens",
     "trainer.heatmaps",
     "trainer.length_buckets",
+    "trainer.average_decay",  # what validation scores: training steps from the weights, not from their average
     "trainer.progress",
     # budgets: extending a run is the common case
     "trainer.max_steps",

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from nmt.averaging import WeightAverage
 from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
 from nmt.data import Batch, PreparedData, TokenBatchSampler, padding_overhead, tokenizer_fingerprints
@@ -63,6 +64,9 @@ class TrainerConfig:
     max_minutes: float | None = None  # wall-clock training budget, summed over resumes
     clip_norm: float = 1.0
     label_smoothing: float = 0.1
+    # an exponential moving average of the weights, what validation scores and checkpoints translate with
+    # (nmt.averaging): its decay, 0.998 say; null: none
+    average_decay: float | None = None
     valid_every: int = 500  # steps; validation also runs at the end
     valid_batch_tokens: int = 4000
     valid_max_sentences: int | None = None  # validate on N sentences spread over the split (None: all)
@@ -159,6 +163,13 @@ class Trainer:
         if world_size > 1:
             self.model = torch.nn.parallel.DistributedDataParallel(model)
         self.optimizer = self._build_optimizer()
+        self.average = WeightAverage(self.module, config.average_decay) if config.average_decay else None
+        if self.average:
+            log.info(
+                "weights averaged over the steps (trainer.average_decay=%g): validation, best.pt and translations "
+                "use the average, training steps from the weights",
+                config.average_decay,
+            )
         self.plateau = None
         if optim.schedule == "plateau":
             mode = "min" if config.best_metric in ("loss", "ppl") else "max"
@@ -279,6 +290,7 @@ class Trainer:
             "spm_src": self.data.tokenizer.src_model,
             "spm_tgt": self.data.tokenizer.tgt_model,
             "optimizer": self.optimizer.state_dict(),
+            **({"average": self.average.state(self.module)} if self.average else {}),
             "scheduler": self.plateau.state_dict() if self.plateau else {},
             "base_lr": [g.get("base_lr", self.optim_cfg.lr) for g in self.optimizer.param_groups],
             "step": self.step,
@@ -339,6 +351,10 @@ class Trainer:
             self.data, self._fingerprints, self._split_epoch = prepared, None, None
             self.use_epoch(data["epoch"])
         self.module.load_state_dict(data["model"])
+        if self.average and data.get("average"):
+            self.average.load(data["average"])
+        elif self.average:  # averaging from this resume on: the average starts at the checkpoint's weights
+            self.average = WeightAverage(self.module, self.average.decay)
         self.optimizer.load_state_dict(data["optimizer"])
         for g, base in zip(self.optimizer.param_groups, data["base_lr"], strict=True):
             g["base_lr"] = base
@@ -495,6 +511,8 @@ class Trainer:
                     self.batch_pos += 1
                     if loss_sum is not None:
                         self.step += 1
+                        if self.average:
+                            self.average.update(self.module, self.step)
                         window["loss"] += loss_sum
                         window["tokens"] += n_tok
                         window["sentences"] += n_sent
@@ -655,17 +673,18 @@ class Trainer:
                 hook.on_validation(self, time.perf_counter() - start)
 
     def _validate_once(self) -> bool:
-        metrics = evaluate_split(
-            self.module,
-            self.data,
-            "valid",
-            self.device,
-            self.cfg.valid_batch_tokens,
-            self.cfg.length_buckets,
-            self.cfg.valid_max_sentences,
-            self.autocast,
-            heatmaps=self.cfg.heatmaps if self.writer else 0,
-        )
+        with self.average.applied(self.module) if self.average else nullcontext():
+            metrics = evaluate_split(
+                self.module,
+                self.data,
+                "valid",
+                self.device,
+                self.cfg.valid_batch_tokens,
+                self.cfg.length_buckets,
+                self.cfg.valid_max_sentences,
+                self.autocast,
+                heatmaps=self.cfg.heatmaps if self.writer else 0,
+            )
         if self.world_size > 1:  # GPU kernels need not agree to the last bit: rank 0's numbers decide for all
             shared = [{k: metrics[k] for k in ("loss", "ppl", "bleu", "chrf", "by_length")}]
             dist.broadcast_object_list(shared, src=0)
@@ -707,8 +726,9 @@ class Trainer:
     def _report_validation(self, entry: dict, metrics: dict) -> None:
         step = self.step
         log.info(
-            "validation at step %d: loss %.4f ppl %.2f BLEU %.2f chrF %.2f%s",
+            "validation at step %d%s: loss %.4f ppl %.2f BLEU %.2f chrF %.2f%s",
             step,
+            " (averaged weights)" if self.average else "",
             entry["loss"],
             entry["ppl"],
             entry["bleu"],

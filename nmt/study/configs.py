@@ -36,7 +36,10 @@ IGNORED_KEYS = (
 )
 COMPARED = ("attention.", "seed")  # what the study compares across
 # keys added to the config after some recorded runs were trained -> the value that means what those runs did
-ADDED_LATER = {"model.self_attention_layers": 0}  # nmt.self_attention (issue 44): no layer before it
+ADDED_LATER = {
+    "model.self_attention_layers": 0,  # nmt.self_attention (issue 44): no layer before it
+    "trainer.average_decay": None,  # nmt.averaging: no averaged weights before it
+}
 
 
 def normalised(config: dict) -> dict:
