@@ -29,12 +29,17 @@ from torch import nn
 from nmt.errors import ConfigError
 
 
+def check_decay(decay: float | None) -> None:
+    """A ConfigError unless `decay` (trainer.average_decay) is None or lies strictly between 0 and 1."""
+    if decay is not None and not 0.0 < decay < 1.0:
+        raise ConfigError(f"trainer.average_decay={decay}: a decay lies between 0 and 1 (0.998, say; null: none)")
+
+
 class WeightAverage:
     """The average of `model`'s parameters (its buffers are taken as they are when it is applied or saved)."""
 
     def __init__(self, model: nn.Module, decay: float):
-        if not 0.0 < decay < 1.0:
-            raise ConfigError(f"trainer.average_decay={decay}: a decay lies between 0 and 1 (0.998, say; null: none)")
+        check_decay(decay)
         self.decay = decay
         named = list(model.named_parameters())
         self.names = [n for n, _ in named]

@@ -346,6 +346,12 @@ MATRIX = [
         ("trainer.amp=bf17: Invalid value 'bf17', expected one of [auto, bf16, off]",),
     ),
     Case(
+        "average-decay-out-of-range",
+        (*TRAIN, "trainer.average_decay=1.0", "hydra.run.dir={root}/bad/average"),
+        2,
+        ("trainer.average_decay=1.0: a decay lies between 0 and 1 (0.998, say; null: none)",),
+    ),
+    Case(
         "unknown-attention-name",
         (*TRAIN, "attention.name=foo", "hydra.run.dir={root}/bad/attention"),
         2,

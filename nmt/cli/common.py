@@ -183,10 +183,12 @@ def build_run(
 
     import torch
 
+    from nmt.averaging import check_decay
     from nmt.model import Seq2Seq
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
 
     tcfg = typed(TrainerConfig, cfg.trainer, "trainer")
+    check_decay(tcfg.average_decay)  # before the data is prepared
     ocfg = typed(OptimConfig, cfg.optim, "optim")
     mcfg = build_model_config(cfg.model, cfg.attention)
     data = load_data(cfg) if data is None else data

@@ -125,9 +125,11 @@ def shared_run_dir(run_dir: Path, rank: int, world: int) -> Path:
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     import torch
 
+    from nmt.averaging import check_decay
     from nmt.trainer import TrainerConfig
 
     tcfg = typed(TrainerConfig, cfg.trainer, "trainer")  # checked before any process group or data
+    check_decay(tcfg.average_decay)
     build_model_config(cfg.model, cfg.attention)
     device = resolve_device(cfg.device)
     rank, world, local_rank = init_distributed(device)
