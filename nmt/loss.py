@@ -100,25 +100,35 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, eps: float, rows: int):
         N, V = hidden.size(0), weight.size(0)
         real = target != PAD_ID  # (N,)
-        grad_hidden, grad_weight = torch.empty_like(hidden), torch.zeros_like(weight)  # (N, H), (V, H)
+        grad_hidden, grad_weight = torch.empty_like(hidden), torch.empty_like(weight)  # (N, H), (V, H)
         grad_bias = torch.zeros_like(bias)  # (V,)
         buffer, losses = hidden.new_empty(min(rows, N), V), hidden.new_empty(N)  # losses: each row's
         target = target.contiguous()
+        if N == 0:
+            grad_weight.zero_()
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
             z = torch.mm(hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits but the bias
             if not smoothed_xent(z, bias, target[r0:r1], losses[r0:r1], eps, PAD_ID):  # one C++ call where it runs
                 _loss_and_gradient(z.add_(bias), target[r0:r1], real[r0:r1], losses[r0:r1], eps)
             torch.mm(z, weight, out=grad_hidden[r0:r1])
-            torch.addmm(grad_weight, z.t(), hidden[r0:r1], out=grad_weight)  # (not addmm_: FLOP counters see it)
+            if r0 == 0:  # the first piece's product is the gradient (no zero-filled 16 MB to add it to)
+                torch.mm(z.t(), hidden[r0:r1], out=grad_weight)
+            else:
+                torch.addmm(grad_weight, z.t(), hidden[r0:r1], out=grad_weight)  # (not addmm_: FLOP counters see it)
             grad_bias += z.sum(0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.used = False
         return losses.sum()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        # scaled in place (the gradients are made for this one backward: a fresh 16 MB product costs page faults)
+        if ctx.used:
+            raise RuntimeError("the fused output layer and loss (nmt.loss.output_loss_sum) backpropagate once only")
+        ctx.used = True
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        return grad_hidden * grad, grad_weight * grad, grad_bias * grad, None, None, None
+        return grad_hidden.mul_(grad), grad_weight.mul_(grad), grad_bias.mul_(grad), None, None, None
 
 
 def _loss_and_gradient(z: Tensor, target: Tensor, real: Tensor, losses: Tensor, eps: float) -> None:

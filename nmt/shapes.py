@@ -31,6 +31,18 @@ def pad_rows(x: Tensor, multiple: int = ROW_MULTIPLE) -> Tensor:
     return x if extra == 0 else torch.cat([x, x.new_zeros(extra, x.size(1))])
 
 
+def cat_rows(xs: list[Tensor], multiple: int = ROW_MULTIPLE) -> Tensor:
+    """pad_rows(torch.cat(xs), multiple) in one copy: the rows of xs (each (n_i, C), one dtype) one after another
+    in a buffer of padded_count(sum n_i) rows, the rest zero. (pad_rows after torch.cat copies everything twice.)"""
+    n = sum(x.size(0) for x in xs)
+    if any(x.dtype != xs[0].dtype for x in xs):
+        return pad_rows(torch.cat(xs), multiple)  # torch.cat's type promotion
+    out = xs[0].new_empty(padded_count(n, multiple), xs[0].size(1))
+    torch.cat(xs, out=out[:n])
+    out[n:].zero_()
+    return out
+
+
 def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None, multiple: int = ROW_MULTIPLE) -> Tensor:
     """F.linear(x, weight, bias), (..., in) -> (..., out), computed over x's rows padded with zero rows to a
     multiple of `multiple` (the same values; the matmul's shape, forward and backward, one of a few)."""

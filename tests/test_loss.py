@@ -99,3 +99,18 @@ def test_flop_counters_see_the_same_matmuls_either_way():
             loss.backward()
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] == 3 * 2 * 40 * 12 * 37
+
+
+def test_the_fused_layer_backpropagates_once_and_takes_no_rows():
+    """Its backward scales the gradients it made in place: a second backward (retain_graph) is an error, not a
+    gradient scaled twice; no rows at all give zero gradients."""
+    torch.manual_seed(0)
+    layer, hidden = torch.nn.Linear(12, 37), torch.randn(5, 12, requires_grad=True)
+    loss = output_loss_sum(hidden, layer, torch.randint(4, 37, (5,)))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="once"):
+        loss.backward()
+    layer.weight.grad = None
+    empty = torch.zeros(0, 12, requires_grad=True)
+    output_loss_sum(empty, layer, torch.zeros(0, dtype=torch.long)).backward()
+    assert layer.weight.grad is not None and (layer.weight.grad == 0).all()

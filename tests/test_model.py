@@ -42,7 +42,7 @@ from nmt.errors import ConfigError
 from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.loss import loss_rows, token_loss
 from nmt.model import ModelConfig, Seq2Seq
-from nmt.shapes import linear_rows
+from nmt.shapes import cat_rows, linear_rows, pad_rows, padded_count
 from nmt.tokenizer import BOS_ID, PAD_ID
 from nmt.trainer import OptimConfig, TrainerConfig
 
@@ -829,6 +829,18 @@ def test_a_step_weights_gradient_sums_over_a_padded_row_count():
     got, weight.grad = weight.grad.clone(), None
     torch.stack([x @ weight.t() for x in xs]).square().sum().backward()
     torch.testing.assert_close(got, weight.grad, rtol=1e-5, atol=1e-5)  # a sum in another order: see above
+
+
+@pytest.mark.parametrize("rows", [[3, 5], [64], [1], [40, 24, 7]])
+def test_rows_joined_in_one_copy_equal_joined_then_padded(rows):
+    """nmt.shapes.cat_rows: the same rows and zero padding as pad_rows(torch.cat(...)), bf16 pieces among fp32
+    ones promoted as torch.cat promotes them."""
+    xs = [torch.randn(n, 6) for n in rows]
+    got = cat_rows(xs)
+    assert got.shape == (padded_count(sum(rows)), 6)
+    assert torch.equal(got, pad_rows(torch.cat(xs)))
+    mixed = [xs[0].bfloat16(), *xs[1:]]
+    assert torch.equal(cat_rows(mixed), pad_rows(torch.cat(mixed)))
 
 
 # ---------------------------------------------------------------------------------------- configs

@@ -150,7 +150,8 @@ class _Loop(torch.autograd.Function):
         plan, (queries, joined, gates) = ctx.plan, ctx.steps
         S, A, D, H = keys.size(1), keys.size(2), values.size(2), h0.size(1)
         bf16_values, bf16 = int(values.dtype == torch.bfloat16), int(w_r.dtype == torch.bfloat16)
-        g_x0, g_v = torch.zeros_like(x0), v.new_zeros(A)
+        g_x0, g_v = torch.empty_like(x0), v.new_zeros(A)  # g_x0: each step's rows written below, the rest zeroed
+        g_x0[:, len(plan.active) :].zero_()
         plan.sums.start(keys, v)  # the keys' gradient: StepKeys' sums, 4 v applied after this node
         starts = [0]
         for n in plan.active:
@@ -171,6 +172,7 @@ class _Loop(torch.autograd.Function):
             addresses = (gates[t], c_prev, cells[row : row + n], None, dh, g_cell, g_z, g_c)
             plan.cell_kernel(1, bf16, x0_t.data_ptr(), x0_t.stride(0), *map(address, addresses), n, H)
             g_x0[:n, t] = g_z
+            g_x0[n:, t].zero_()  # the sentences that had ended by step t
             g_wx = g_z.to(w_r.dtype)
             plan.w_r.steps.inputs.append(joined[t])  # W_r's gradient: one matmul after this node
             plan.w_r.steps.grads.append(g_wx)

@@ -131,7 +131,8 @@ class _FeedLoop(torch.autograd.Function):
         x0, h0, c0, keys, v, values, w_s, w_r, w_c, states, cells, tanhs, weights, masks = ctx.saved_tensors
         plan, (queries, joined, gates, combined) = ctx.plan, ctx.steps
         S, A, D, H = keys.size(1), keys.size(2), values.size(2), h0.size(1)
-        g_x0, g_v = torch.zeros_like(x0), v.new_zeros(A)
+        g_x0, g_v = torch.empty_like(x0), v.new_zeros(A)  # g_x0: each step's rows written below, the rest zeroed
+        g_x0[:, len(plan.active) :].zero_()
         plan.sums.start(keys, v)  # the keys' gradient: StepKeys' sums, 4 v applied after this node
         starts = [0]
         for n in plan.active:
@@ -174,6 +175,7 @@ class _FeedLoop(torch.autograd.Function):
             addresses = (gates[t], c_prev, cells[rows], None, g_state, g_cell, g_z, g_c)
             plan.cell_kernel(1, 0, x0_t.data_ptr(), x0_t.stride(0), *map(address, addresses), n, H)
             g_x0[:n, t] = g_z
+            g_x0[n:, t].zero_()  # the sentences that had ended by step t
             plan.w_r.steps.inputs.append(joined[t])  # W_r's gradient: one matmul after this node
             plan.w_r.steps.grads.append(g_z)
             g_x = step_input_gradient(g_z, w_r, plan.w_r.packed)  # (n, 2H): [h~_{t-1}; h_{t-1}]'s

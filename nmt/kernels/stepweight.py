@@ -34,7 +34,7 @@ from nmt.device import native_bf16
 from nmt.kernels import step_gemm
 from nmt.kernels.compiled import is_in_torch_dispatch_mode, kernels
 from nmt.kernels.step_gemm import Panels
-from nmt.shapes import pad_rows
+from nmt.shapes import cat_rows
 
 
 class _Shared(torch.autograd.Function):
@@ -79,7 +79,7 @@ class _Steps:
         if not self.grads:
             return None
         inputs, grads = self._take()
-        return pad_rows(torch.cat(grads)).t().mm(pad_rows(torch.cat(inputs)))  # zero rows: nmt.shapes
+        return cat_rows(grads).t().mm(cat_rows(inputs))  # zero rows: nmt.shapes
 
     def matrix_gradient(self, transpose: bool, batch: int) -> Tensor | None:
         """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps.
