@@ -7,7 +7,8 @@
 // The backward recomputes the gates from x0 + wx rather than storing them. x0 is fp32 with a row stride (a
 // view of the embeddings' projection for all steps, or the bias with stride 0); wx (W_r times the recurrent
 // inputs), h and dh are fp32 or bf16 (T: the matmuls' dtype); cells and dz are fp32. Shapes: n rows, H hidden.
-// Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the entry `kernel`.
+// Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the entry `kernel`. Rows split
+// between threads from 4,096 elements: a step's ~100 x 512 took 333 us on one core of the AVX2 EPYC, 231 on two.
 #include <torch/csrc/inductor/cpp_prefix.h>
 // torch's vector types, also where Inductor found no vector ISA (the prefix then leaves them out): scalar then
 #include <ATen/cpu/vec/functional.h>
@@ -45,7 +46,7 @@ template <typename T>
 static void forward(const float* x0, int64_t x0_stride, const T* wx, const float* c, T* h, float* c_new,
                     int64_t rows, int64_t H) {
     const int64_t W = Vec::size();
-#pragma omp parallel for if (rows * H > 65536)
+#pragma omp parallel for if (rows * H > 4096)
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t j = 0; j < H; j += W) {
             const int64_t n = std::min(W, H - j);
@@ -61,7 +62,7 @@ template <typename T>
 static void backward(const float* x0, int64_t x0_stride, const T* wx, const float* c, const float* c_new,
                      const T* dh, const float* dc_new, float* dz, float* dc, int64_t rows, int64_t H) {
     const int64_t W = Vec::size();
-#pragma omp parallel for if (rows * H > 65536)
+#pragma omp parallel for if (rows * H > 4096)
     for (int64_t r = 0; r < rows; ++r) {
         for (int64_t j = 0; j < H; j += W) {
             const int64_t n = std::min(W, H - j);
