@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 
 from nmt.device_plan import work_sizes
+from nmt.kernels import step_gemm
+from nmt.kernels.compiled import is_in_torch_dispatch_mode
 from nmt.kernels.xent import smoothed_xent
 from nmt.shapes import ROW_MULTIPLE, padded_count
 from nmt.special import PAD_ID
@@ -106,9 +108,15 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
         target = target.contiguous()
         if N == 0:
             grad_weight.zero_()
+        # W^T in nmt.kernels.step_gemm's panels once for all pieces, where the compiled kernels run (torch.mm lays
+        # the 16 MB weight out again for every piece); not under a FLOP counter's dispatch mode
+        panels = None if N <= rows or is_in_torch_dispatch_mode() else step_gemm.pack(weight, backward=False)
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
-            z = torch.mm(hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits but the bias
+            if panels is None:
+                z = torch.mm(hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits but the bias
+            else:
+                z = step_gemm.product(hidden[r0:r1], panels.forward, V, panels.kernel, out=buffer[: r1 - r0])
             if not smoothed_xent(z, bias, target[r0:r1], losses[r0:r1], eps, PAD_ID):  # one C++ call where it runs
                 _loss_and_gradient(z.add_(bias), target[r0:r1], real[r0:r1], losses[r0:r1], eps)
             torch.mm(z, weight, out=grad_hidden[r0:r1])

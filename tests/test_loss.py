@@ -32,13 +32,16 @@ def test_output_layer_in_the_loss_equals_the_layer_then_the_loss(N, smoothing, r
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("V", [37, 64, 8000])
 def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compiled, monkeypatch):
-    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.xent): the same
-    value and gradients, for vocabularies that fill the vector width or leave a tail, PAD rows included."""
-    calls = []
-    kernel = loss_module.smoothed_xent
+    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.xent), and where
+    there is more than one piece their logits come from W^T packed once (nmt.kernels.step_gemm): the same value
+    and gradients, for vocabularies that fill the vector width or leave a tail, PAD rows included."""
+    calls, products = [], []
+    kernel, product = loss_module.smoothed_xent, loss_module.step_gemm.product
     monkeypatch.setattr(loss_module, "smoothed_xent", lambda *args: calls.append(1) or kernel(*args))
+    monkeypatch.setattr(loss_module.step_gemm, "product", lambda *a, **k: products.append(1) or product(*a, **k))
     check_against_the_layer_then_the_loss(N, smoothing, 16, None, V, monkeypatch)
     assert len(calls) == -(-N // 16)
+    assert len(products) == (len(calls) if N > 16 else 0)
 
 
 def check_against_the_layer_then_the_loss(N, smoothing, rows, piece, V, monkeypatch):

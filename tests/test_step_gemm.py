@@ -41,6 +41,20 @@ def test_rows_a_stride_apart_and_a_weight_that_is_a_view(compiled):
     torch.testing.assert_close(got, x @ weight.t(), rtol=1e-5, atol=1e-5)
 
 
+def test_the_forward_only_into_rows_of_a_wider_buffer(compiled):
+    """pack(backward=False) lays out x W^T's panels alone (the output layer's logits); `out` may be the first
+    rows and columns of a wider buffer, whose other entries stay as they were."""
+    g = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(37, 20, generator=g), torch.randn(9, 20, generator=g)
+    panels = step_gemm.pack(weight, backward=False)
+    assert panels.backward is None
+    buffer = torch.full((12, 40), 7.0)
+    got = step_gemm.product(x, panels.forward, 37, panels.kernel, out=buffer[:9, :37])
+    assert got.data_ptr() == buffer.data_ptr()
+    torch.testing.assert_close(buffer[:9, :37], x @ weight.t(), rtol=1e-5, atol=1e-5)
+    assert (buffer[9:] == 7).all() and (buffer[:, 37:] == 7).all()
+
+
 def test_nothing_is_packed_where_the_kernel_does_not_run(compiled):
     """Not fp32, not 2-D, or the kernels eager: None (the steps call F.linear and mm)."""
     assert step_gemm.pack(torch.randn(4, 3, dtype=torch.float64)) is None

@@ -7,7 +7,9 @@ the recurrence's (2048, 1024) weight ran at about two thirds of a large product'
 per batch in panels of 2 vectors of columns, for both directions; `product` then reads the panels straight
 from the cache (`nmt/kernels/csrc/step_gemm.cpp`). It runs where the compiled kernels run
 (nmt.kernels.compiled: trainer.kernels), on a CPU, in fp32; elsewhere `pack` returns None and the steps call
-F.linear and mm (nmt.kernels.stepweight). The sums are the same products in another order.
+F.linear and mm (nmt.kernels.stepweight). The sums are the same products in another order. The fused output
+layer (nmt.loss.output_loss_sum) packs its (V, H) weight once per batch for the forward only (`backward=False`)
+and makes each piece's logits from it, where torch.mm laid the 16 MB weight out again for every piece.
 
     panels = pack(weight)                             # W (out, in) fp32 -> Panels, or None
     y = product(x, panels.forward, out, panels.kernel)      # x (n, in) W^T -> (n, out)
@@ -33,17 +35,17 @@ PACK, PRODUCT, WIDTH = 0, 1, 2  # the kernel's first argument
 
 
 class Panels(NamedTuple):
-    """W (out, in) packed twice: `forward` for x W^T (K = in, N = out), `backward` for g W (K = out, N = in);
-    `kernel`, the built kernel that packed them and multiplies by them."""
+    """W (out, in) packed twice: `forward` for x W^T (K = in, N = out), `backward` for g W (K = out, N = in;
+    None where packed for the forward only); `kernel`, the built kernel that packed them and multiplies by them."""
 
     forward: Tensor
-    backward: Tensor
+    backward: Tensor | None
     kernel: Callable
 
 
-def pack(weight: Tensor) -> Panels | None:
-    """W's panels for both directions, or None where the kernel does not run (not a CPU, not fp32, the kernels
-    not compiled, a build that failed)."""
+def pack(weight: Tensor, backward: bool = True) -> Panels | None:
+    """W's panels for both directions (or the forward only), or None where the kernel does not run (not a CPU,
+    not fp32, the kernels not compiled, a build that failed)."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return None
     kernel = cpp_kernel(SOURCE, ARGTYPES)
@@ -51,7 +53,7 @@ def pack(weight: Tensor) -> Panels | None:
         return None
     w = weight.detach().contiguous()
     out, in_ = w.shape
-    return Panels(_pack(kernel, w, in_, out, 1, in_), _pack(kernel, w, out, in_, in_, 1), kernel)
+    return Panels(_pack(kernel, w, in_, out, 1, in_), _pack(kernel, w, out, in_, in_, 1) if backward else None, kernel)
 
 
 def _pack(kernel: Callable, w: Tensor, K: int, N: int, sk: int, sj: int) -> Tensor:
@@ -62,13 +64,14 @@ def _pack(kernel: Callable, w: Tensor, K: int, N: int, sk: int, sj: int) -> Tens
     return panels
 
 
-def product(x: Tensor, panels: Tensor, N: int, kernel: Callable) -> Tensor:
-    """x (n, K) fp32 times the packed B (K, N) -> (n, N), by the kernel that packed it (Panels.kernel)."""
+def product(x: Tensor, panels: Tensor, N: int, kernel: Callable, out: Tensor | None = None) -> Tensor:
+    """x (n, K) fp32 times the packed B (K, N) -> (n, N), by the kernel that packed it (Panels.kernel); into
+    `out` (n, N) where given, whose rows may be apart (its last dimension contiguous)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     n, K = x.shape
-    out = x.new_empty(n, N)
+    out = x.new_empty(n, N) if out is None else out
     if n:
-        kernel(PRODUCT, x.data_ptr(), panels.data_ptr(), out.data_ptr(), x.stride(0), N, n, K, N)
+        kernel(PRODUCT, x.data_ptr(), panels.data_ptr(), out.data_ptr(), x.stride(0), out.stride(0), n, K, N)
     return out
 
 
