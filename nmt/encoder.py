@@ -22,6 +22,7 @@ from torch.nn.utils.rnn import PackedSequence, invert_permutation, pack_padded_s
 from nmt.device import run_lstm
 from nmt.device_plan import to_device
 from nmt.dropout import Dropout
+from nmt.kernels.encoder_lstm import encoder_lstm
 from nmt.self_attention import SelfAttentionStack
 from nmt.special import PAD_ID
 
@@ -83,7 +84,7 @@ class Encoder(nn.Module):
         n_lengths = len(set(listed))
         if n_lengths == 1 and listed[0] == S:
             # every sentence fills the batch: no packing needed (and the faster LSTM kernel applies)
-            states, (h, c) = run_lstm(self.rnn, x)
+            states, (h, c) = _lstm(self.rnn, x)
         elif x.device.type == "cpu" and n_lengths <= MAX_LENGTH_GROUPS:
             states, (h, c) = self._by_length(x, lengths)
         else:
@@ -122,7 +123,7 @@ class Encoder(nn.Module):
         states, hs, cs = [], [], []
         for group in torch.split(order, torch.unique_consecutive(lengths[order], return_counts=True)[1].tolist()):
             n = int(lengths[group[0]])
-            out, (h, c) = run_lstm(self.rnn, x[group, :n])  # (b, n, D), (L * dirs, b, H)
+            out, (h, c) = _lstm(self.rnn, x[group, :n])  # (b, n, D), (L * dirs, b, H)
             states.append(F.pad(out, (0, 0, 0, S - n)))  # (b, S, D), zero on padding
             hs.append(h)
             cs.append(c)
@@ -134,6 +135,11 @@ class Encoder(nn.Module):
         LD, B, H = h.shape
         h = h.view(self.num_layers, self.directions, B, H)  # (L, dirs, B, H)
         return h.transpose(1, 2).reshape(self.num_layers, B, self.directions * H)  # (L, B, D)
+
+
+def _lstm(rnn: nn.LSTM, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """rnn(x) for an unpacked (B, S, E) batch: nmt.kernels.encoder_lstm where it applies, else nn.LSTM's kernel."""
+    return encoder_lstm(rnn, x) or run_lstm(rnn, x)
 
 
 def _pack(x: Tensor, lengths: Tensor) -> PackedSequence:

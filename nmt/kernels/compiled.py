@@ -183,7 +183,7 @@ def _build(path: Path, argtypes: Sequence[str]) -> Callable:
     and note where its library lies, so that later processes load it directly (_load_built)."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache  # torch's own, private: may move
 
-    kernel = CppPythonBindingsCodeCache.load_pybinding(list(argtypes), path.read_text(encoding="utf-8"))
+    kernel = CppPythonBindingsCodeCache.load_pybinding(list(argtypes), source_text(path))
     module = getattr(kernel, "__self__", None)
     try:
         note = {"module": module.__name__, "file": module.__file__}
@@ -227,9 +227,19 @@ def _index(path: Path, argtypes: Sequence[str]) -> Path:
         except (KeyError, ModuleNotFoundError, OSError):
             user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
         root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-    parts = [path.read_text(encoding="utf-8"), *argtypes, torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    parts = [source_text(path), *argtypes, torch.__version__, torch.backends.cpu.get_cpu_capability()]
     key = hashlib.sha256("\0".join([*parts, compiler() or ""]).encode()).hexdigest()[:40]
     return Path(root).absolute() / "nmt_kernels" / f"{key}.json"
+
+
+def source_text(path: Path) -> str:
+    """The C++ source `path` with each `#include "name.h"` line replaced by that file's text (beside `path`,
+    expanded the same way): Inductor builds from one string, so the kernels share code through such headers."""
+    lines = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        included = re.fullmatch(r'#include "([\w.]+)"', line.strip())
+        lines.append(source_text(path.parent / included.group(1)).rstrip("\n") if included else line)
+    return "\n".join(lines) + "\n"
 
 
 def address(x: torch.Tensor | None) -> int:

@@ -7,7 +7,8 @@ the recurrence's (2048, 1024) weight ran at about two thirds of a large product'
 per batch in panels of 2 vectors of columns, for both directions; `product` then reads the panels straight
 from the cache (`nmt/kernels/csrc/step_gemm.cpp`). It runs where the compiled kernels run
 (nmt.kernels.compiled: trainer.kernels), on a CPU, in fp32; elsewhere `pack` returns None and the steps call
-F.linear and mm (nmt.kernels.stepweight). The sums are the same products in another order. The fused output
+F.linear and mm (nmt.kernels.stepweight). The sums are the same products in another order. The encoder's
+LSTM (nmt.kernels.encoder_lstm) packs W_hh for each direction, forward and backward apart. The fused output
 layer (nmt.loss.output_loss_sum) packs its (V, H) weight once per batch for the forward only (`backward=False`)
 and makes each piece's logits from it, where torch.mm laid the 16 MB weight out again for every piece.
 
@@ -35,17 +36,17 @@ PACK, PRODUCT, WIDTH = 0, 1, 2  # the kernel's first argument
 
 
 class Panels(NamedTuple):
-    """W (out, in) packed twice: `forward` for x W^T (K = in, N = out), `backward` for g W (K = out, N = in;
-    None where packed for the forward only); `kernel`, the built kernel that packed them and multiplies by them."""
+    """W (out, in) packed twice: `forward` for x W^T (K = in, N = out), `backward` for g W (K = out, N = in);
+    either None where not asked for; `kernel`, the built kernel that packed them and multiplies by them."""
 
-    forward: Tensor
+    forward: Tensor | None
     backward: Tensor | None
     kernel: Callable
 
 
-def pack(weight: Tensor, backward: bool = True) -> Panels | None:
-    """W's panels for both directions (or the forward only), or None where the kernel does not run (not a CPU,
-    not fp32, the kernels not compiled, a build that failed)."""
+def pack(weight: Tensor, backward: bool = True, forward: bool = True) -> Panels | None:
+    """W's panels for both directions (or one), or None where the kernel does not run (not a CPU, not fp32, the
+    kernels not compiled, a build that failed)."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
         return None
     kernel = cpp_kernel(SOURCE, ARGTYPES)
@@ -53,7 +54,11 @@ def pack(weight: Tensor, backward: bool = True) -> Panels | None:
         return None
     w = weight.detach().contiguous()
     out, in_ = w.shape
-    return Panels(_pack(kernel, w, in_, out, 1, in_), _pack(kernel, w, out, in_, in_, 1) if backward else None, kernel)
+    return Panels(
+        _pack(kernel, w, in_, out, 1, in_) if forward else None,
+        _pack(kernel, w, out, in_, in_, 1) if backward else None,
+        kernel,
+    )
 
 
 def _pack(kernel: Callable, w: Tensor, K: int, N: int, sk: int, sj: int) -> Tensor:
@@ -76,6 +81,12 @@ def product(x: Tensor, panels: Tensor, N: int, kernel: Callable, out: Tensor | N
 
 
 _widths: dict[Callable, int] = {}
+
+
+def width() -> int | None:
+    """NR of the kernel `pack` uses (None where it does not run)."""
+    kernel = cpp_kernel(SOURCE, ARGTYPES)
+    return None if kernel is None else _width(kernel)
 
 
 def _width(kernel: Callable) -> int:
