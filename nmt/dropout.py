@@ -7,9 +7,10 @@ drops out its (B, H) state at every step, that was about 5% of a training step o
 Here each 64-bit draw from torch's generator (`random_()` on int64, 63 random bits) gives three independent
 16-bit uniforms u, and an element is kept when u >= round(p * 65536), with probability 1 - round(p * 65536)
 / 65536 (p = 0.2: 0.2 exactly to 5 decimal places); kept elements are scaled by 1 / (1 - p), as
-nn.Dropout does. The numbers come from torch's default generator, so seeding, checkpointed RNG state and
-resumed runs behave as with nn.Dropout (the masks themselves differ from nn.Dropout's). On other devices
-this is F.dropout.
+nn.Dropout does. Where the compiled kernels run (trainer.kernels), the words become the mask in one C++ pass
+(nmt.kernels.keep_mask: the same numbers). The numbers come from torch's default generator, so seeding,
+checkpointed RNG state and resumed runs behave as with nn.Dropout (the masks themselves differ from
+nn.Dropout's). On other devices this is F.dropout.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.kernels.keep_mask import keep_mask_from
+
 FIELD = 1 << 16  # values of one 16-bit uniform
 _FIELDS = slice(0, 3) if sys.byteorder == "little" else slice(1, 4)  # the three int16s under bit 48 of an int64
 
@@ -30,8 +33,12 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype)
     rounded to a multiple of 1 / 65536)."""
     n = math.prod(shape)
     words = torch.empty((n + 2) // 3, dtype=torch.int64).random_()  # each: 63 random bits, [0, 2^63)
-    fields = words.view(torch.int16).view(-1, 4)[:, _FIELDS].reshape(-1)[:n]  # n uniforms in [-2^15, 2^15)
     threshold = round(p * FIELD) - FIELD // 2
+    if dtype == torch.float32:  # one C++ pass where the compiled kernels run (nmt.kernels.keep_mask)
+        mask = keep_mask_from(words, n, threshold, 1.0 / (1.0 - p))
+        if mask is not None:
+            return mask.view(shape)
+    fields = words.view(torch.int16).view(-1, 4)[:, _FIELDS].reshape(-1)[:n]  # n uniforms in [-2^15, 2^15)
     return (fields >= threshold).to(dtype).mul_(1.0 / (1.0 - p)).view(shape)
 
 

@@ -66,3 +66,26 @@ def test_mask_is_the_draw_forward_multiplies_by():
     assert torch.equal(y, x * d.mask((7, 50), torch.float32))
     assert d.eval().mask((7, 50), torch.float32) is None
     assert Dropout(0.0).train().mask((7, 50), torch.float32) is None
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
+def test_the_compiled_mask_is_torchs_and_draws_as_much(p, compiled):
+    """Where the compiled kernels run, keep_mask's C++ pass (nmt.kernels.keep_mask) gives the torch operations'
+    mask bit for bit, for sizes around its blocks of 4 words (12 elements), a thread's chunk (24,576) and the
+    size from which it takes both threads (2^18), and leaves torch's generator where they leave it."""
+    from nmt.kernels.compiled import set_kernels
+    from nmt.kernels.keep_mask import keep_mask_from
+
+    # the kernel runs here (three zero fields against threshold 0: all kept)
+    assert torch.equal(keep_mask_from(torch.zeros(1, dtype=torch.int64), 3, 0, 2.0), torch.full((3,), 2.0))
+    for shape in [(0,), (1,), (2,), (3,), (11,), (12,), (13,), (107, 512), (24_577,), (3, 87_382), (1 << 18) + 5]:
+        shape = shape if isinstance(shape, tuple) else (shape,)
+        torch.manual_seed(7)
+        compiled_mask, compiled_next = keep_mask(shape, p, torch.float32), torch.rand(())
+        set_kernels("eager")
+        torch.manual_seed(7)
+        eager_mask, eager_next = keep_mask(shape, p, torch.float32), torch.rand(())
+        set_kernels("compiled")
+        assert compiled_mask.shape == shape and compiled_mask.dtype == torch.float32
+        assert torch.equal(compiled_mask, eager_mask), shape
+        assert torch.equal(compiled_next, eager_next)  # the same number of draws
