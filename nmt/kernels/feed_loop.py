@@ -5,16 +5,17 @@ multi30k_deen preset's decoder (what OpenNMT-py calls "mlp" attention), is
 
     h_t, cell_t = cell(x0_t + W_r [h~_{t-1}; h_{t-1}], cell_{t-1})   a matmul and one C++ kernel (nmt.kernels.lstm)
     c_t, a_t = attend(W_s h_t, keys, values)                         a matmul and one C++ kernel (attention_step)
-    h~_t = dropout(tanh(W_c [c_t; h_t]))                             a matmul, a tanh and the dropout's mask
+    h~_t = dropout(tanh(W_c [c_t; h_t]))                             a matmul, the dropout's mask, one C++ kernel
 
 Through autograd each of them, and the joins, views and casts between them, is a node with its own bookkeeping,
 forward and backward, at every step. Here the whole loop is one autograd.Function, as RNNsearch's is
 (nmt.kernels.decoder_loop): its forward runs the steps above without autograd, its backward runs them in reverse
-by hand with the same kernels and products. The weights' gradients are formed the StepWeight / StepMatrix /
-StepKeys way (each step records its (input, gradient) pair; one matmul over all steps after this node), and the
-dropout masks are drawn step after step from torch's generator (nmt.dropout.Dropout.mask) as in the plain
-loop (the same masks, so seeded and resumed runs are unchanged). The arithmetic is the loop's, up to the order
-of a few sums.
+by hand with the same kernels and products (h~'s tanh and dropout, and the sums of the gradients arriving from
+the next step, in nmt/kernels/csrc/feed_step.cpp: one call each way where torch took a dozen operations). The
+weights' gradients are formed the StepWeight / StepMatrix / StepKeys way (each step records its (input,
+gradient) pair; one matmul over all steps after this node), and the dropout masks are drawn step after step
+from torch's generator (nmt.dropout.Dropout.mask) as in the plain loop (the same masks, so seeded and resumed
+runs are unchanged). The arithmetic is the loop's, up to the order of a few sums and the tanh's last bits.
 
     out = feed_loop(v, x0, h, c, feed, keys, values, mask, layers, combine, active, p)  # None: the plain loop
 
@@ -27,15 +28,19 @@ Shapes: B batch, T steps, S source length, A attention size, D value size, H hid
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from nmt.kernels.compiled import address
+from nmt.kernels.compiled import address, cpp_kernel
 from nmt.kernels.decoder_loop import loop_applies, loop_kernels
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.lstm import LayerParams
 from nmt.kernels.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
+
+SOURCE = Path(__file__).parent / "csrc" / "feed_step.cpp"  # h~'s tanh and dropout, forward and backward
+ARGTYPES = ["int64_t", *["uintptr_t"] * 9, *["int64_t"] * 4]
 
 
 def feed_loop(
@@ -64,9 +69,11 @@ def feed_loop(
     if any(t.dtype != torch.float32 for t in tensors) or x0.stride(-1) != 1 or mask.dtype != torch.bool:
         return None
     step_kernel, cell_kernel = loop_kernels()
-    if step_kernel is None or cell_kernel is None:
+    feed_kernel = cpp_kernel(SOURCE, ARGTYPES)
+    if step_kernel is None or cell_kernel is None or feed_kernel is None:
         return None
-    plan = _Plan(keys, values, layers[0].w_r, combine, mask.contiguous(), active, dropout, step_kernel, cell_kernel)
+    kernels = (step_kernel, cell_kernel, feed_kernel)
+    plan = _Plan(keys, values, layers[0].w_r, combine, mask.contiguous(), active, dropout, kernels)
     h0, c0 = h.squeeze(0).contiguous(), c.squeeze(0).contiguous()
     w_s, w_r, w_c = keys.query.weight, layers[0].w_r.weight, combine.weight
     return _FeedLoop.apply(x0, h0, c0, feed.contiguous(), keys.keys, v.float().contiguous(), values.matrix,
@@ -75,13 +82,13 @@ def feed_loop(
 
 class _Plan:
     """What the loop needs besides its tensor inputs: the StepKeys / StepMatrix / StepWeight records the
-    gradients go to, the packed weights, the mask, the rows of each step, the dropout and the two kernels."""
+    gradients go to, the packed weights, the mask, the rows of each step, the dropout and the three kernels."""
 
     def __init__(self, keys: StepKeys, values: StepMatrix, w_r: StepWeight, w_c: StepWeight, mask, active, dropout,
-                 step_kernel, cell_kernel):  # fmt: skip
+                 kernels):  # fmt: skip
         self.exp_keys, self.sums, self.w_s = keys.exp_keys, keys.sums, keys.query
         self.values, self.w_r, self.w_c, self.mask, self.active = values, w_r, w_c, mask, active
-        self.dropout, self.step_kernel, self.cell_kernel = dropout, step_kernel, cell_kernel
+        self.dropout, (self.step_kernel, self.cell_kernel, self.feed_kernel) = dropout, kernels
 
 
 class _FeedLoop(torch.autograd.Function):
@@ -108,14 +115,14 @@ class _FeedLoop(torch.autograd.Function):
             args = (q, keys[:n], exp_keys, v, plan.mask[:n], values[:n], weight, context)
             plan.step_kernel(0, 0, *map(address, args), 0, 0, 0, 0, 0, n, S, A, D)
             y = torch.cat([context, h_new], dim=1)  # (n, D + H)
-            th = torch.tanh(step_product(y, w_c, plan.w_c.packed), out=tanhs[row : row + n])  # (n, H)
+            z = step_product(y, w_c, plan.w_c.packed)  # (n, H)
             feed = attentional[row : row + n]
             keep = plan.dropout((n, H))  # the dropout's draw, step after step as in the plain loop
-            if keep is None:
-                feed.copy_(th)
-            else:
+            if keep is not None:
                 masks = h0.new_empty(N, H) if masks is None else masks
-                torch.mul(th, masks[row : row + n].copy_(keep), out=feed)
+                keep = masks[row : row + n].copy_(keep)
+            args = (z, keep, tanhs[row : row + n], feed)  # feed = tanh(z) * keep
+            plan.feed_kernel(0, *map(address, args), 0, 0, 0, 0, 0, 0, n, 0, H)
             queries.append(q)
             joined.append(x)
             gates.append(wx)
@@ -138,20 +145,19 @@ class _FeedLoop(torch.autograd.Function):
         for n in plan.active:
             starts.append(starts[-1] + n)
         g_feed = g_h = g_c = None  # the gradients of h~_t, h_t and cell_t from step t + 1, for its rows
+        g_attentional = None if g_attentional is None else g_attentional.contiguous()
         for t in reversed(range(len(plan.active))):
             n, row = plan.active[t], starts[t]
             rows = slice(row, row + n)
-            g_th = h0.new_zeros(n, H) if g_attentional is None else g_attentional[rows].clone()
-            g_state, g_cell = h0.new_zeros(n, H), c0.new_zeros(n, H)
-            if g_feed is not None:
-                m = g_feed.size(0)
-                g_th[:m] += g_feed
-                g_state[:m] += g_h
-                g_cell[:m] += g_c
-            if masks is not None:
-                g_th.mul_(masks[rows])
-            th = tanhs[rows]
-            g_pre = g_th.mul_(1 - th * th)  # tanh' = 1 - tanh^2
+            # h~'s gradient through the dropout and tanh' = 1 - tanh^2, and the next step's gradients of the state
+            # and the cell on the rows it decoded (zero below): one call
+            g_pre, g_state, g_cell = h0.new_empty(n, H), h0.new_empty(n, H), c0.new_empty(n, H)
+            m = 0 if g_feed is None else g_feed.size(0)
+            g_att = None if g_attentional is None else g_attentional[rows]
+            mask_t = None if masks is None else masks[rows]
+            args = (g_att, g_feed, g_h, g_c, mask_t, tanhs[rows], g_pre, g_state, g_cell)
+            gs = 0 if g_feed is None else g_feed.stride(0)  # g_feed, g_h: the halves of (m, 2H) rows
+            plan.feed_kernel(1, *map(address, args), gs, n, m, H)
             plan.w_c.steps.inputs.append(combined[t])  # W_c's gradient: one matmul after this node
             plan.w_c.steps.grads.append(g_pre)
             g_y = step_input_gradient(g_pre, w_c, plan.w_c.packed)  # (n, D + H)
