@@ -47,7 +47,8 @@ def test_the_wheel_carries_the_configs_the_page_files_and_the_kernels(installed)
     probe = (
         "import nmt, nmt.cli.common as c, nmt.serve.app as s, nmt.kernels.attention_step as a, nmt.kernels.lstm as l; "
         "print(nmt.__file__); print(c.CONFIG_DIR); "
-        "print((s.STATIC_DIR / 'serve.js').is_file() and a.SOURCE.is_file() and l.CELL_SOURCE.is_file())"
+        "print((s.STATIC_DIR / 'serve.js').is_file() and a.SOURCE.is_file() and l.CELL_SOURCE.is_file()); "
+        "print(','.join(sorted(p.name for p in a.SOURCE.parent.iterdir())))"
     )
     out = subprocess.run(
         [str(installed / "python"), "-c", probe], check=True, capture_output=True, text=True, cwd=installed.parent
@@ -56,6 +57,8 @@ def test_the_wheel_carries_the_configs_the_page_files_and_the_kernels(installed)
     assert out[0].startswith(venv) and out[1].startswith(venv), out  # the wheel's copy, not this checkout
     assert (Path(out[1]) / "train.yaml").is_file() and (Path(out[1]) / "experiment" / "quick.yaml").is_file()
     assert out[2] == "True"
+    # every kernel source and every header they include (nmt.kernels.compiled.source_text)
+    assert out[3].split(",") == sorted(p.name for p in (ROOT / "nmt" / "kernels" / "csrc").iterdir()), out[3]
 
 
 @pytest.mark.slow
