@@ -55,7 +55,8 @@ def test_states_and_gradients_are_nn_lstms(B, S, E, H, bidirectional, used, comp
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_one_thread_or_two_give_the_same_numbers(threads, compiled):
-    """The directions on two threads at once or one after the other: the same arithmetic, bit for bit."""
+    """The directions on two threads at once or one after the other: the same arithmetic (the steps' products and
+    cells bit for bit; the input's projection is MKL's, whose sums may split differently by thread count)."""
     g = torch.Generator().manual_seed(3)
     rnn = torch.nn.LSTM(16, 24, batch_first=True, bidirectional=True)
     x = torch.randn(20, 7, 16, generator=g)
@@ -67,7 +68,8 @@ def test_one_thread_or_two_give_the_same_numbers(threads, compiled):
         again = encoder_lstm(rnn, x, any_threads=True)
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(two[0], again[0]) and torch.equal(two[1][0], again[1][0]) and torch.equal(two[1][1], again[1][1])
+    for a, b in ((two[0], again[0]), (two[1][0], again[1][0]), (two[1][1], again[1][1])):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_the_encoder_is_the_same_with_the_kernel(compiled):
