@@ -23,7 +23,7 @@ def model_of(**changes) -> Seq2Seq:
 
 def batch(tgt_lengths: list[int], seed: int = 5):
     g = torch.Generator().manual_seed(seed)
-    src_lengths = [7, 9, 3, 5, 8][: len(tgt_lengths)]
+    src_lengths = ([7, 9, 3, 5, 8] * (len(tgt_lengths) // 5 + 1))[: len(tgt_lengths)]
     B, T = len(tgt_lengths), max(tgt_lengths)
     src = torch.full((B, 9), PAD_ID)
     tgt_in, tgt_out = torch.full((B, T), PAD_ID), torch.full((B, T), PAD_ID)

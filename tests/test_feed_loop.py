@@ -20,13 +20,20 @@ def count_calls(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("tgt_lengths", [[8, 6, 6, 2, 1], [3, 8, 2, 6, 6]], ids=["shrinking", "unsorted"])
+MANY = sorted(((7 * i) % 12 + 1 for i in range(29)), reverse=True)  # 29 sentences, 183 rows over 12 steps
+
+
+@pytest.mark.parametrize(
+    "tgt_lengths", [[8, 6, 6, 2, 1], [3, 8, 2, 6, 6], MANY], ids=["shrinking", "unsorted", "many-rows"]
+)
 @pytest.mark.parametrize("dropout", [0.0, 0.3], ids=["no-dropout", "dropout"])
 def test_the_feed_loop_node_gives_the_autograd_loops_numbers(tgt_lengths, dropout, compiled, monkeypatch):
     """The same loss, weights and gradients as the step-by-step loop through autograd on the same kernels, on
     a batch whose sentences leave the loop at different steps (shrinking) or whose rows all stay (not sorted
-    longest first); with dropout, the same masks from the same seed (drawn step after step as the loop draws
-    them), so a seeded or resumed run trains the same either way."""
+    longest first), and one whose rows of all steps (183) fill several of the weights' gradient row multiples
+    (nmt.shapes: the rows the kernel writes, the zero rows after them) and several register blocks; with
+    dropout, the same masks from the same seed (drawn step after step as the loop draws them), so a seeded or
+    resumed run trains the same either way."""
     model, data = model_of(**FEEDING, dropout=dropout), batch(tgt_lengths)
     model.train()
     calls = count_calls(monkeypatch)

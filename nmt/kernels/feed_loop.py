@@ -9,17 +9,20 @@ multi30k_deen preset's decoder (what OpenNMT-py calls "mlp" attention), is
 
 Through autograd each of them, and the joins, views and casts between them, is a node with its own bookkeeping,
 forward and backward, at every step. Here the whole loop is one autograd.Function, as RNNsearch's is
-(nmt.kernels.decoder_loop): its forward runs the steps above without autograd, its backward runs them in reverse
-by hand with the same kernels and products (h~'s tanh and dropout, and the sums of the gradients arriving from
-the next step, in nmt/kernels/csrc/feed_step.cpp: one call each way where torch took a dozen operations). The
-weights' gradients are formed the StepWeight / StepMatrix / StepKeys way (each step records its (input,
-gradient) pair; one matmul over all steps after this node), and the dropout masks are drawn step after step
-from torch's generator (nmt.dropout.Dropout.mask) as in the plain loop (the same masks, so seeded and resumed
-runs are unchanged). The arithmetic is the loop's, up to the order of a few sums and the tanh's last bits.
+(nmt.kernels.decoder_loop), and each direction is one C++ call (nmt/kernels/csrc/feed_loop.cpp): the forward
+runs the steps above, the backward runs them in reverse by hand, with the products through the weights packed in
+panels once per batch (nmt.kernels.step_gemm, StepWeight's) and the cell, attention step and h~ code the single
+kernels share (csrc/lstm_cell.h, additive_step.h, feed_step.h). Python's dozen calls a step each way, with their
+tensors and joins, were about 2% of a training step. Every step's rows lie one after another in one buffer per
+quantity (N rows, rounded up for the weights' gradients as nmt.shapes rounds them), so the weights' gradients
+are one matmul each after this node with nothing stacked (StepWeight / StepMatrix / StepKeys). The dropout masks
+are drawn before the loop, step after step from torch's generator (nmt.dropout.Dropout.mask), as the plain loop
+draws them: the same masks, so seeded and resumed runs are unchanged. The arithmetic is the loop's, up to the
+order of a few sums and the tanh's last bits.
 
     out = feed_loop(v, x0, h, c, feed, keys, values, mask, layers, combine, active, p)  # None: the plain loop
 
-fp32 only (the kernels take bf16, but this preset runs its eager kernels under bf16 autocast: nmt.kernels.compiled).
+fp32 only, every weight packed in panels (this preset runs its eager kernels under bf16 autocast: nmt.kernels.compiled).
 
 Shapes: B batch, T steps, S source length, A attention size, D value size, H hidden, N the rows of all steps
 (sum of `active`: step t computes the first active[t] sentences).
@@ -34,13 +37,15 @@ import torch
 from torch import Tensor
 
 from nmt.kernels.compiled import address, cpp_kernel
-from nmt.kernels.decoder_loop import loop_applies, loop_kernels
+from nmt.kernels.decoder_loop import loop_applies
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.lstm import LayerParams
-from nmt.kernels.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
+from nmt.kernels.step_gemm import Panels
+from nmt.kernels.stepweight import StepMatrix, StepWeight
+from nmt.shapes import padded_count
 
-SOURCE = Path(__file__).parent / "csrc" / "feed_step.cpp"  # h~'s tanh and dropout, forward and backward
-ARGTYPES = ["int64_t", *["uintptr_t"] * 9, *["int64_t"] * 4]
+SOURCE = Path(__file__).parent / "csrc" / "feed_loop.cpp"  # every step, forward and backward
+ARGTYPES = ["int64_t", "uintptr_t", "uintptr_t", *["int64_t"] * 10]
 
 
 def feed_loop(
@@ -68,12 +73,13 @@ def feed_loop(
     tensors = (x0, h, c, feed, keys.keys, keys.query.weight, values.matrix, layers[0].w_r.weight, combine.weight)
     if any(t.dtype != torch.float32 for t in tensors) or x0.stride(-1) != 1 or mask.dtype != torch.bool:
         return None
-    step_kernel, cell_kernel = loop_kernels()
-    feed_kernel = cpp_kernel(SOURCE, ARGTYPES)
-    if step_kernel is None or cell_kernel is None or feed_kernel is None:
+    if not all(t is None or t.is_contiguous() for t in (keys.keys, keys.exp_keys, values.matrix)):
         return None
-    kernels = (step_kernel, cell_kernel, feed_kernel)
-    plan = _Plan(keys, values, layers[0].w_r, combine, mask.contiguous(), active, dropout, kernels)
+    packed = (keys.query.packed, layers[0].w_r.packed, combine.packed)  # W_s, W_r, W_c in panels, both ways
+    kernel = cpp_kernel(SOURCE, ARGTYPES)
+    if kernel is None or not all(isinstance(x, Panels) and None not in (x.forward, x.backward) for x in packed):
+        return None
+    plan = _Plan(keys, values, layers[0].w_r, combine, mask.contiguous(), active, dropout, kernel)
     h0, c0 = h.squeeze(0).contiguous(), c.squeeze(0).contiguous()
     w_s, w_r, w_c = keys.query.weight, layers[0].w_r.weight, combine.weight
     return _FeedLoop.apply(x0, h0, c0, feed.contiguous(), keys.keys, v.float().contiguous(), values.matrix,
@@ -82,113 +88,92 @@ def feed_loop(
 
 class _Plan:
     """What the loop needs besides its tensor inputs: the StepKeys / StepMatrix / StepWeight records the
-    gradients go to, the packed weights, the mask, the rows of each step, the dropout and the three kernels."""
+    gradients go to, the packed weights, the mask, the rows of each step, the dropout and the kernel."""
 
     def __init__(self, keys: StepKeys, values: StepMatrix, w_r: StepWeight, w_c: StepWeight, mask, active, dropout,
-                 kernels):  # fmt: skip
+                 kernel):  # fmt: skip
         self.exp_keys, self.sums, self.w_s = keys.exp_keys, keys.sums, keys.query
         self.values, self.w_r, self.w_c, self.mask, self.active = values, w_r, w_c, mask, active
-        self.dropout, (self.step_kernel, self.cell_kernel, self.feed_kernel) = dropout, kernels
+        self.dropout, self.kernel = dropout, kernel
+        self.rows = torch.tensor(active, dtype=torch.int64)  # the kernel reads them
+
+
+def _call(kernel: Callable, what: int, tensors: list[Tensor | None], rows: Tensor, sizes: tuple[int, ...]) -> None:
+    """The kernel on `tensors`' addresses (an int64 array in the order of feed_loop.cpp's Forward / Backward)."""
+    addresses = torch.tensor([address(x) for x in tensors], dtype=torch.int64)
+    kernel(what, addresses.data_ptr(), rows.data_ptr(), *sizes)
+
+
+def _padded(rows: int, width: int, like: Tensor) -> Tensor:
+    """(padded_count(rows), width) for a weight's gradient (nmt.shapes): the rows after `rows` zero."""
+    out = like.new_empty(padded_count(rows), width)
+    out[rows:].zero_()
+    return out
 
 
 class _FeedLoop(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x0, h0, c0, feed0, keys, v, values, w_s, w_r, w_c, plan: _Plan):
-        S, A, D, H = keys.size(1), keys.size(2), values.size(2), h0.size(1)
-        N = sum(plan.active)
-        states, cells, tanhs = h0.new_empty(N, H), c0.new_empty(N, H), h0.new_empty(N, H)
-        attentional, weights, contexts = h0.new_empty(N, H), x0.new_empty(N, S), values.new_empty(N, D)
-        masks = None
-        queries, joined, gates, combined = [], [], [], []  # per step: W_s h (n, A), [h~; h] (n, 2H), z (n, 4H), [c; h]
-        h, c, feed, row = h0, c0, feed0, 0
-        for t, n in enumerate(plan.active):
-            h, c, feed = h[:n], c[:n], feed[:n]  # the sentences still decoded: the first n rows
-            x = torch.cat([feed, h], dim=1)  # (n, 2H)
-            wx = step_product(x, w_r, plan.w_r.packed)  # (n, 4H)
-            h_new, cell = states[row : row + n], cells[row : row + n]
-            x0_t = x0[:n, t]  # (n, 4H), its rows T x 4H apart
-            addresses = (wx.data_ptr(), c.data_ptr(), cell.data_ptr(), h_new.data_ptr(), 0, 0, 0, 0)
-            plan.cell_kernel(0, 0, x0_t.data_ptr(), x0_t.stride(0), *addresses, n, H)
-            q = step_product(h_new, w_s, plan.w_s.packed)  # (n, A)
-            context, weight = contexts[row : row + n], weights[row : row + n]
-            exp_keys = None if plan.exp_keys is None else plan.exp_keys[:n]
-            args = (q, keys[:n], exp_keys, v, plan.mask[:n], values[:n], weight, context)
-            plan.step_kernel(0, 0, *map(address, args), 0, 0, 0, 0, 0, n, S, A, D)
-            y = torch.cat([context, h_new], dim=1)  # (n, D + H)
-            z = step_product(y, w_c, plan.w_c.packed)  # (n, H)
-            feed = attentional[row : row + n]
-            keep = plan.dropout((n, H))  # the dropout's draw, step after step as in the plain loop
-            if keep is not None:
-                masks = h0.new_empty(N, H) if masks is None else masks
-                keep = masks[row : row + n].copy_(keep)
-            args = (z, keep, tanhs[row : row + n], feed)  # feed = tanh(z) * keep
-            plan.feed_kernel(0, *map(address, args), 0, 0, 0, 0, 0, 0, n, 0, H)
-            queries.append(q)
-            joined.append(x)
-            gates.append(wx)
-            combined.append(y)
-            h, c, row = h_new, cell, row + n
-        ctx.save_for_backward(x0, h0, c0, keys, v, values, w_s, w_r, w_c, states, cells, tanhs, weights, masks)
-        ctx.plan, ctx.steps = plan, (queries, joined, gates, combined)
+        B, S, A, D, H = keys.size(0), keys.size(1), keys.size(2), values.size(2), h0.size(1)
+        T, N = len(plan.active), sum(plan.active)
+        masks, row = None, 0
+        for n in plan.active:  # the dropout's draws, step after step as the plain loop takes them
+            keep = plan.dropout((n, H))
+            if keep is None:
+                break
+            masks = h0.new_empty(N, H) if masks is None else masks
+            masks[row : row + n].copy_(keep)
+            row += n
+        states, joined, combined = _padded(N, H, h0), _padded(N, 2 * H, h0), _padded(N, D + H, h0)
+        cells, tanhs, attentional = c0.new_empty(N, H), h0.new_empty(N, H), h0.new_empty(N, H)
+        weights, queries, gates = x0.new_empty(N, S), keys.new_empty(N, A), x0.new_empty(N, 4 * H)
+        tensors = [x0, h0, c0, feed0, keys, plan.exp_keys, v, plan.mask, values, plan.w_r.packed.forward,
+                   plan.w_s.packed.forward, plan.w_c.packed.forward, masks, states, cells, tanhs, attentional,
+                   weights, queries, joined, gates, combined, h0.new_empty(B, H), values.new_empty(B, D)]  # fmt: skip
+        _call(plan.kernel, 0, tensors, plan.rows, (T, B, S, A, D, H, x0.stride(0), x0.stride(1), 0, 0))
+        ctx.save_for_backward(x0, c0, keys, v, values, weights, states, cells, tanhs, masks, queries, gates,
+                              joined, combined)  # fmt: skip
+        ctx.plan = plan
         ctx.set_materialize_grads(False)
         return attentional, weights
 
     @staticmethod
     def backward(ctx, g_attentional: Tensor | None, g_weights: Tensor | None):
-        x0, h0, c0, keys, v, values, w_s, w_r, w_c, states, cells, tanhs, weights, masks = ctx.saved_tensors
-        plan, (queries, joined, gates, combined) = ctx.plan, ctx.steps
-        S, A, D, H = keys.size(1), keys.size(2), values.size(2), h0.size(1)
-        g_x0, g_v = torch.empty_like(x0), v.new_zeros(A)  # g_x0: each step's rows written below, the rest zeroed
-        g_x0[:, len(plan.active) :].zero_()
+        x0, c0, keys, v, values, weights, states, cells, tanhs, masks, queries, gates, joined, combined = (
+            ctx.saved_tensors
+        )
+        plan = ctx.plan
+        B, S, A, D, H = keys.size(0), keys.size(1), keys.size(2), values.size(2), c0.size(1)
+        T, N = len(plan.active), sum(plan.active)
+        g_x0, g_v = x0.new_empty(x0.shape), v.new_zeros(A)  # g_x0: the kernel writes the first T steps' rows
+        g_x0[:, T:].zero_()
         plan.sums.start(keys, v)  # the keys' gradient: StepKeys' sums, 4 v applied after this node
-        starts = [0]
-        for n in plan.active:
-            starts.append(starts[-1] + n)
-        g_feed = g_h = g_c = None  # the gradients of h~_t, h_t and cell_t from step t + 1, for its rows
+        g_pre, g_q, g_z = _padded(N, H, c0), _padded(N, A, c0), _padded(N, 4 * H, c0)
+        g_context, g_x, g_c = values.new_empty(N, D), c0.new_empty(B, 2 * H), c0.new_empty(B, H)
         g_attentional = None if g_attentional is None else g_attentional.contiguous()
-        for t in reversed(range(len(plan.active))):
-            n, row = plan.active[t], starts[t]
-            rows = slice(row, row + n)
-            # h~'s gradient through the dropout and tanh' = 1 - tanh^2, and the next step's gradients of the state
-            # and the cell on the rows it decoded (zero below): one call
-            g_pre, g_state, g_cell = h0.new_empty(n, H), h0.new_empty(n, H), c0.new_empty(n, H)
-            m = 0 if g_feed is None else g_feed.size(0)
-            g_att = None if g_attentional is None else g_attentional[rows]
-            mask_t = None if masks is None else masks[rows]
-            args = (g_att, g_feed, g_h, g_c, mask_t, tanhs[rows], g_pre, g_state, g_cell)
-            gs = 0 if g_feed is None else g_feed.stride(0)  # g_feed, g_h: the halves of (m, 2H) rows
-            plan.feed_kernel(1, *map(address, args), gs, n, m, H)
-            plan.w_c.steps.inputs.append(combined[t])  # W_c's gradient: one matmul after this node
-            plan.w_c.steps.grads.append(g_pre)
-            g_y = step_input_gradient(g_pre, w_c, plan.w_c.packed)  # (n, D + H)
-            g_state += g_y[:, D:]
-            g_context = g_y[:, :D].contiguous()
-            g_weight = None if g_weights is None else g_weights[rows].contiguous()
-            g_scores, g_q, g_v_rows = keys.new_empty(n, S), keys.new_empty(n, A), keys.new_empty(n, A)
-            exp_keys = None if plan.exp_keys is None else plan.exp_keys[:n]
-            args = (queries[t], keys[:n], exp_keys, v, None, values[:n], weights[rows], g_context, g_weight,
-                    g_scores, g_q, g_v_rows, plan.sums.g_w[:n])  # fmt: skip
-            plan.step_kernel(1, 0, *map(address, args), n, S, A, D)
-            g_v += g_v_rows.sum(0)
-            plan.values.steps.inputs.append(weights[rows].unsqueeze(1))  # (n, 1, S)
-            plan.values.steps.grads.append(g_context.unsqueeze(1))  # (n, 1, D)
-            plan.w_s.steps.inputs.append(states[rows])
-            plan.w_s.steps.grads.append(g_q)
-            g_state += step_input_gradient(g_q, w_s, plan.w_s.packed)
-            c_prev = c0[:n] if t == 0 else cells[starts[t - 1] : starts[t - 1] + n]
-            x0_t = x0[:n, t]
-            g_z, g_c = c0.new_empty(n, 4 * H), c0.new_empty(n, H)
-            addresses = (gates[t], c_prev, cells[rows], None, g_state, g_cell, g_z, g_c)
-            plan.cell_kernel(1, 0, x0_t.data_ptr(), x0_t.stride(0), *map(address, addresses), n, H)
-            g_x0[:n, t] = g_z
-            g_x0[n:, t].zero_()  # the sentences that had ended by step t
-            plan.w_r.steps.inputs.append(joined[t])  # W_r's gradient: one matmul after this node
-            plan.w_r.steps.grads.append(g_z)
-            g_x = step_input_gradient(g_z, w_r, plan.w_r.packed)  # (n, 2H): [h~_{t-1}; h_{t-1}]'s
-            g_feed, g_h = g_x[:, :H], g_x[:, H:]
+        g_weights = None if g_weights is None else g_weights.contiguous()
+        scratch = [c0.new_empty(B, H), c0.new_empty(B, H), c0.new_empty(B, D + H), c0.new_empty(B, S),
+                   c0.new_empty(B, A)]  # fmt: skip
+        tensors = [x0, c0, keys, plan.exp_keys, v, values, weights, states, cells, tanhs, masks, queries, gates,
+                   plan.w_r.packed.backward, plan.w_s.packed.backward, plan.w_c.packed.backward, g_attentional,
+                   g_weights, g_x0, g_v, g_pre, g_context, g_q, g_z, plan.sums.g_w, g_x, g_c, *scratch]  # fmt: skip
+        sizes = (T, B, S, A, D, H, x0.stride(0), x0.stride(1), g_x0.stride(0), g_x0.stride(1))
+        _call(plan.kernel, 1, tensors, plan.rows, sizes)
+        # the weights' gradients, one matmul each after this node (StepWeight, StepMatrix): all steps' rows at once
+        plan.w_c.steps.inputs.append(combined)
+        plan.w_c.steps.grads.append(g_pre)
+        plan.w_s.steps.inputs.append(states)
+        plan.w_s.steps.grads.append(g_q)
+        plan.w_r.steps.inputs.append(joined)
+        plan.w_r.steps.grads.append(g_z)
+        row = 0
+        for n in plan.active:
+            plan.values.steps.inputs.append(weights[row : row + n].unsqueeze(1))  # (n, 1, S)
+            plan.values.steps.grads.append(g_context[row : row + n].unsqueeze(1))  # (n, 1, D)
+            row += n
         # step 0 computes every sentence: the gradients of the initial state are (B, H)
         need = ctx.needs_input_grad
-        g_h0 = g_h.contiguous() if need[1] else None
+        g_h0 = g_x[:, H:].contiguous() if need[1] else None
         g_c0 = g_c if need[2] else None
-        g_feed0 = g_feed.contiguous() if need[3] else None
+        g_feed0 = g_x[:, :H].contiguous() if need[3] else None
         return g_x0, g_h0, g_c0, g_feed0, None, g_v, None, None, None, None, None

@@ -34,7 +34,7 @@ from nmt.device import native_bf16
 from nmt.kernels import step_gemm
 from nmt.kernels.compiled import is_in_torch_dispatch_mode, kernels
 from nmt.kernels.step_gemm import Panels
-from nmt.shapes import cat_rows
+from nmt.shapes import cat_rows, padded_count
 
 
 class _Shared(torch.autograd.Function):
@@ -79,7 +79,7 @@ class _Steps:
         if not self.grads:
             return None
         inputs, grads = self._take()
-        return cat_rows(grads).t().mm(cat_rows(inputs))  # zero rows: nmt.shapes
+        return _stacked(grads).t().mm(_stacked(inputs))  # zero rows: nmt.shapes
 
     def matrix_gradient(self, transpose: bool, batch: int) -> Tensor | None:
         """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps.
@@ -90,6 +90,15 @@ class _Steps:
         inputs, grads = self._take()
         a, g = torch.cat(_full(inputs, batch), dim=1), torch.cat(_full(grads, batch), dim=1)  # (B, T, X), (B, T, Y)
         return torch.bmm(g.transpose(1, 2), a) if transpose else torch.bmm(a.transpose(1, 2), g)
+
+
+def _stacked(xs: list[Tensor]) -> Tensor:
+    """cat_rows(xs); a single tensor whose rows are padded already (a loop that wrote every step's rows into one
+    buffer: nmt.kernels.feed_loop) as it is, without the copy."""
+    x = xs[0]
+    if len(xs) == 1 and x.size(0) == padded_count(x.size(0)) and x.is_contiguous():
+        return x
+    return cat_rows(xs)
 
 
 def _full(steps: list[Tensor], batch: int) -> list[Tensor]:

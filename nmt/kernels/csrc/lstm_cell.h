@@ -12,18 +12,8 @@
 #define NMT_LSTM_CELL_H
 #include <algorithm>
 
-using Vec = at::vec::Vectorized<float>;
+#include "vec_io.h"
 
-static inline Vec load(const float* p, int64_t n) { return Vec::loadu(p, n); }
-static inline Vec load(const c10::BFloat16* p, int64_t n) {
-    return at::vec::convert<float>(at::vec::Vectorized<c10::BFloat16>::loadu(p, n));
-}
-static inline void store(Vec x, float* p, int64_t n) { x.store(p, n); }
-static inline void store(Vec x, c10::BFloat16* p, int64_t n) {
-    float tmp[Vec::size()];
-    x.store(tmp, n);
-    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<c10::BFloat16>(tmp[i]);
-}
 static inline Vec sigmoid(Vec x) { return Vec(1.0f) / (Vec(1.0f) + x.neg().exp()); }
 static inline Vec tanh_(Vec x) { return Vec(2.0f) * sigmoid(Vec(2.0f) * x) - Vec(1.0f); }
 
