@@ -1,8 +1,8 @@
 // Products with a weight packed in panels (step_gemm.cpp, encoder_lstm.cpp):
 //
 //   pack     B (K, N), its element (k, j) at w[k * sk + j * sj], into panels of NR = 2 vectors of columns, each
-//            panel K rows of NR floats, the last one padded with zeros: for x W^T (W (N, K): sk 1, sj K) or
-//            for g W (W (K, N): sk N, sj 1)
+//            panel K rows of NR floats, the last one padded with zeros: for x W^T (W (N, K): sk 1, sj K; whole
+//            W x W blocks transposed in registers) or for g W (W (K, N): sk N, sj 1; a vector of a row at a time)
 //   product  C (n, N) = A (n, K) B (or C += A B: accumulate), A's rows lda apart, C's ldc apart
 //
 // Each thread takes a range of panels, and for every KC rows of a panel (16 KB, in the L1 cache) runs through MC
@@ -35,9 +35,14 @@ static void pack(const float* w, int64_t sk, int64_t sj, int64_t K, int64_t N, f
                 }
                 continue;
             }
-            for (int64_t c = 0; c < NR; ++c) {  // a column of the panel is contiguous in w (sk 1): column by column
+            int64_t k = k0;
+            if (sk == 1 && p * NR + NR <= N)  // a column of the panel is contiguous in w: W x W blocks transposed
+                for (; k + W <= k1; k += W)
+                    for (int64_t c = 0; c < NR; c += W)
+                        at::vec::transpose_mxn<float, W, W>(w + k + (p * NR + c) * sj, sj, dst + k * NR + c, NR);
+            for (int64_t c = 0; c < NR; ++c) {  // the rest element by element
                 const int64_t j = p * NR + c;
-                for (int64_t k = k0; k < k1; ++k) dst[k * NR + c] = j < N ? w[k * sk + j * sj] : 0.0f;
+                for (int64_t r = k; r < k1; ++r) dst[r * NR + c] = j < N ? w[r * sk + j * sj] : 0.0f;
             }
         }
     }
