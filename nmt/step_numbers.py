@@ -1,6 +1,7 @@
 """A training step's loss, gradient norm and non-finite check: read at once, or kept on the device until logged.
 
     numbers = StepNumbers(plan.deferred_checks)
+    grad_norm = numbers.clip(model.parameters(), max_norm)  # clip_grad_norm_
     if not numbers.admit(optimizer, loss_total, grad_norm):  # read now: not finite, so the step is skipped
         ...
     optimizer.step()
@@ -13,6 +14,11 @@ read in the step: the check is a flag on the device that the fused optimizer rea
 GradScaler hands it over) and skips the update by, the step is counted, its loss counts as 0 in the logged
 average, and the run of non-finite steps is read and checked when the trainer logs. The loss and the norm stay
 0-dim device tensors until then (float() reads them).
+
+Clipping likewise: read at once, the gradients are scaled only where their norm exceeds the bound; torch's
+clip_grad_norm_ multiplies them by min(1, bound / norm) whatever it is (so that a GPU need not wait to read the
+norm), a pass over every gradient for nothing where the norm is below the bound, as it is for most steps of
+the presets (13 M parameters: ~0.3% of a CPU step on the AVX2 EPYC). The gradients are the same to the bit.
 """
 
 from __future__ import annotations
@@ -39,6 +45,18 @@ class StepNumbers:
         self._bad_run = bad if self._bad_run is None else (self._bad_run + 1) * bad
         self._finite = bad == 0
         return True
+
+    def clip(self, parameters, max_norm: float) -> Tensor:
+        """torch.nn.utils.clip_grad_norm_(parameters, max_norm): the gradients' total 2-norm (returned), and the
+        gradients scaled by max_norm / (norm + 1e-6) where that is below 1; read at once, they are left
+        untouched otherwise (not multiplied by 1). Deferred, torch's own."""
+        if self.deferred:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        parameters = [p for p in parameters if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        if float(max_norm / (norm + 1e-6)) < 1.0:  # not finite: no scaling (admit skips the step)
+            torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+        return norm
 
     def value(self, x: Tensor) -> float | Tensor:
         """A step's loss or gradient norm: a float read now, or deferred the 0-dim tensor (0 where the step was

@@ -601,7 +601,7 @@ class Trainer:
                 n_sent += len(batch.indices)
         if self.world_size > 1:
             dist.all_reduce(loss_total)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.clip_norm)
+        grad_norm = self.numbers.clip(self.module.parameters(), self.cfg.clip_norm)  # clip_grad_norm_
         if not self.numbers.admit(self.optimizer, loss_total, grad_norm):
             self._bad_steps = getattr(self, "_bad_steps", 0) + 1
             log.warning("step %d: non-finite loss or gradient; skipped (%d in a row)", self.step + 1, self._bad_steps)
