@@ -42,7 +42,7 @@ from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.kernels.decoder_loop import decoder_loop
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.feed_loop import feed_loop
+from nmt.kernels.feed_loop import feed_loop, feed_plan
 from nmt.kernels.lstm import LayerParams, layer, layer_params, lstm_step
 from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.shapes import linear_rows, padded_count
@@ -132,11 +132,11 @@ class Decoder(nn.Module):
         )
 
     def _inputs(self, emb: Tensor, params: StepParams, all_steps: bool = True) -> Tensor:
-        """Layer 0's input projection: emb (B, T, E) -> (B, T, 4H) for every step at once, its rows padded to a
-        few shapes under autocast (nmt.shapes: bf16 kernels are built per shape); search's single step, emb
-        (B, E) -> (B, 4H), with `all_steps=False` (a handful of rows, not padded up to 64). In fp32 one addmm
-        with the bias: padded rows cost a zero-filled copy of the (B, T, 4H) gradient in the backward (16 MB a
-        batch of the multi30k_deen preset) and the bias a pass of its own."""
+        """Layer 0's input projection: emb (B, T, E) -> (B, T, 4H) for every step at once (or the feed loop's
+        rows, (N, E) -> (N, 4H)), its rows padded to a few shapes under autocast (nmt.shapes: bf16 kernels are
+        built per shape); search's single step, emb (B, E) -> (B, 4H), with `all_steps=False` (a handful of rows,
+        not padded up to 64). In fp32 one addmm with the bias: padded rows cost a zero-filled copy of the
+        gradient in the backward (16 MB a batch of the multi30k_deen preset) and the bias a pass of its own."""
         first = params.layers[0]
         emb = emb.to(first.w_x.dtype)
         if all_steps and autocast_dtype(emb.device.type) is None:
@@ -245,6 +245,15 @@ class Decoder(nn.Module):
         state = _fp32_cells(state)
         multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None else 1
         active = active_rows(tgt_in, multiple, tgt_lengths)  # rows computed at each step (B while none has ended)
+        if self.input_feeding and self.query == "current":  # Luong's order with input feeding: one node where it runs
+            dropout = partial(self.dropout.mask, dtype=torch.float32)
+            v = self.attention.additive_v()
+            plan = feed_plan(v, state.h, keys, values, mask, params.layers, params.combine, active, dropout)
+            if plan is not None:  # layer 0's input for the loop's rows only, step after step (N, 4H)
+                positions = loop_positions(active, tgt_in.size(1), emb.device)
+                x0 = self._inputs(emb.flatten(0, 1).index_select(0, positions), params)
+                attn_h, weights = feed_loop(plan, x0, state.h, state.c, state.feed, keys, values)  # (N, H), (N, S)
+                return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
         x0_all = self._inputs(emb, params)  # (B, T, 4H)
         if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
             loop = decoder_loop(
@@ -253,14 +262,6 @@ class Decoder(nn.Module):
             if loop is not None:
                 context, out, weights = loop  # (N, D), (N, H), (N, S)
                 attn_h = self._attentional(self.combine, context, out)  # (N, H)
-                return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
-        if self.input_feeding and self.query == "current":  # Luong's order with input feeding: likewise
-            loop = feed_loop(
-                self.attention.additive_v(), x0_all, state.h, state.c, state.feed, keys, values, mask,
-                params.layers, params.combine, active, partial(self.dropout.mask, dtype=torch.float32),
-            )  # fmt: skip
-            if loop is not None:
-                attn_h, weights = loop  # (N, H), (N, S)
                 return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
         outputs, contexts, all_weights = [], [], []
         for x0, n in zip(x0_all.unbind(1), active, strict=True):  # unbind: one backward
@@ -317,8 +318,15 @@ def _unpack(steps: list[Tensor], active: list[int], T: int) -> Tensor:
     if all(n == B for n in active):
         return torch.stack(steps, dim=1) if len(steps) == T else steps[0].view(T, B, -1).transpose(0, 1)
     rows = torch.cat(steps)  # (N, X), step by step
-    dest = torch.cat([torch.arange(n, device=rows.device) * T + t for t, n in enumerate(active)])  # (N,) in B x T
-    return rows.new_zeros(B * T, rows.size(-1)).index_copy(0, dest, rows).view(B, T, -1)
+    return (
+        rows.new_zeros(B * T, rows.size(-1)).index_copy(0, loop_positions(active, T, rows.device), rows).view(B, T, -1)
+    )
+
+
+def loop_positions(active: list[int], T: int, device: torch.device) -> Tensor:
+    """Where the loop's rows, step after step (step t: the first active[t] sentences), stand among the B x T
+    positions of the batch: flat indices (N,)."""
+    return torch.cat([torch.arange(n, device=device) * T + t for t, n in enumerate(active)])
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

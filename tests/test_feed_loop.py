@@ -41,7 +41,7 @@ def test_the_feed_loop_node_gives_the_autograd_loops_numbers(tgt_lengths, dropou
     fused = train_step(model, *data, amp=False)
     after_fused = torch.rand(3)  # the generator's state after the step: the same draws were taken
     assert calls == [1]
-    monkeypatch.setattr(decoder_module, "feed_loop", lambda *args: None)
+    monkeypatch.setattr(decoder_module, "feed_plan", lambda *args: None)
     torch.manual_seed(11)
     loop = train_step(model, *data, amp=False)
     torch.testing.assert_close(after_fused, torch.rand(3), rtol=0, atol=0)
@@ -60,7 +60,7 @@ def test_the_feed_loop_node_passes_the_initial_states_gradient(compiled, monkeyp
     model, data = model_of(**FEEDING), batch([5, 4, 2])
     calls = count_calls(monkeypatch)
     fused = train_step(model, *data, amp=False)[2]
-    monkeypatch.setattr(decoder_module, "feed_loop", lambda *args: None)
+    monkeypatch.setattr(decoder_module, "feed_plan", lambda *args: None)
     loop = train_step(model, *data, amp=False)[2]
     assert calls == [1]
     for k in ("decoder.bridge_h.weight", "decoder.bridge_c.weight", "encoder.rnn.weight_hh_l0"):

@@ -53,7 +53,7 @@ def decoder_loop(
     additive_v and for_steps) -> (contexts (N, D), outputs s_t (N, H), weights (N, S)), step after step; None
     where this does not apply (another attention (v None) or layer count, no gradient, not a CPU, kernels not
     compiled, dtypes the kernels do not take)."""
-    if not loop_applies(v, x0, h, keys, values, layers, active):
+    if not loop_applies(v, h, keys, values, layers, active):
         return None
     w_s, w_r, matrix = keys.query.weight, layers[0].w_r.weight, values.matrix
     dtype = w_r.dtype
@@ -77,7 +77,7 @@ def decoder_loop(
     return _Loop.apply(x0, h.squeeze(0).contiguous(), c.squeeze(0).contiguous(), keys.keys, v, matrix, w_s, w_r, plan)
 
 
-def loop_applies(v: Tensor | None, x0: Tensor, h: Tensor, keys, values, layers: list[LayerParams], active) -> bool:
+def loop_applies(v: Tensor | None, h: Tensor, keys, values, layers: list[LayerParams], active) -> bool:
     """Whether a training loop of the additive attention can run as one node here (this module's and
     nmt.kernels.feed_loop's): v given (AdditiveAttention), StepKeys with a recorded W_s, StepMatrix values,
     one layer with a recorded W_r, every sentence at step 0, a CPU, no torch dispatch mode (FLOP counters)."""
@@ -90,9 +90,9 @@ def loop_applies(v: Tensor | None, x0: Tensor, h: Tensor, keys, values, layers: 
         and not values.transpose
         and len(layers) == 1
         and h.size(0) == 1
-        and active[0] == x0.size(0)
+        and active[0] == h.size(1)
         and layers[0].w_r.steps is not None
-        and x0.device.type == "cpu"
+        and h.device.type == "cpu"
         and not is_in_torch_dispatch_mode()
     )
 

@@ -20,7 +20,13 @@ are drawn before the loop, step after step from torch's generator (nmt.dropout.D
 draws them: the same masks, so seeded and resumed runs are unchanged. The arithmetic is the loop's, up to the
 order of a few sums and the tanh's last bits.
 
-    out = feed_loop(v, x0, h, c, feed, keys, values, mask, layers, combine, active, p)  # None: the plain loop
+    plan = feed_plan(v, h, keys, values, mask, layers, combine, active, p)  # None: the plain loop
+    out = feed_loop(plan, x0, h, c, feed, keys, values)                      # x0 (N, 4H): the loop's rows only
+
+Layer 0's input x0 (the embeddings' share of the gates, one matmul before the loop) comes for the rows the loop
+computes only, step after step as all its buffers are (nmt.decoder's `loop_positions`): the positions after a
+sentence's end (about an eighth of the multi30k_deen preset's B x T) cost no product, and the gates' gradients
+are x0's as the kernel leaves them, where a (B, T, 4H) gradient took a copy with zeros at those positions.
 
 fp32 only, every weight packed in panels (this preset runs its eager kernels under bf16 autocast: nmt.kernels.compiled).
 
@@ -45,15 +51,12 @@ from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.shapes import padded_count
 
 SOURCE = Path(__file__).parent / "csrc" / "feed_loop.cpp"  # every step, forward and backward
-ARGTYPES = ["int64_t", "uintptr_t", "uintptr_t", *["int64_t"] * 10]
+ARGTYPES = ["int64_t", "uintptr_t", "uintptr_t", *["int64_t"] * 5]
 
 
-def feed_loop(
+def feed_plan(
     v: Tensor | None,
-    x0: Tensor,
     h: Tensor,
-    c: Tensor,
-    feed: Tensor,
     keys,
     values,
     mask: Tensor,
@@ -61,38 +64,48 @@ def feed_loop(
     combine: StepWeight,
     active: list[int],
     dropout: Callable[[tuple[int, int]], Tensor | None],
-) -> tuple[Tensor, Tensor] | None:
-    """The input-feeding steps from layer 0's input x0 (B, T, 4H) and the state h, c (1, B, H), feed h~_{-1}
-    (B, H), with the additive energy's v (A,), the keys as StepKeys and the values as StepMatrix
-    (AdditiveAttention's additive_v and for_steps), W_c as a StepWeight and `dropout`, h~'s mask for a shape
-    (n, H) (nmt.dropout.Dropout.mask; None: no dropout) -> (h~_t (N, H), weights (N, S)), step after step;
-    None where this does not apply (another attention (v None) or layer count, no gradient, not a CPU,
-    kernels not compiled, not fp32)."""
-    if not loop_applies(v, x0, h, keys, values, layers, active) or combine.steps is None:
+) -> _Plan | None:
+    """Whether the loop runs here, and what it needs besides its tensors: from the state h (1, B, H), the
+    additive energy's v (A,), the keys as StepKeys and the values as StepMatrix (AdditiveAttention's additive_v
+    and for_steps), layer 0's parameters, W_c as a StepWeight and `dropout`, h~'s mask for a shape (n, H)
+    (nmt.dropout.Dropout.mask; None: no dropout); None where it does not apply (another attention (v None) or
+    layer count, no gradient, not a CPU, kernels not compiled, not fp32, autocast on)."""
+    if not loop_applies(v, h, keys, values, layers, active) or combine.steps is None:
         return None
-    tensors = (x0, h, c, feed, keys.keys, keys.query.weight, values.matrix, layers[0].w_r.weight, combine.weight)
-    if any(t.dtype != torch.float32 for t in tensors) or x0.stride(-1) != 1 or mask.dtype != torch.bool:
+    first = layers[0]
+    tensors = (h, keys.keys, keys.query.weight, values.matrix, first.w_x, first.bias, first.w_r.weight, combine.weight)
+    if torch.is_autocast_enabled("cpu") or any(t is None or t.dtype != torch.float32 for t in tensors):
         return None
-    if not all(t is None or t.is_contiguous() for t in (keys.keys, keys.exp_keys, values.matrix)):
+    if mask.dtype != torch.bool or not all(
+        t is None or t.is_contiguous() for t in (keys.keys, keys.exp_keys, values.matrix)
+    ):
         return None
-    packed = (keys.query.packed, layers[0].w_r.packed, combine.packed)  # W_s, W_r, W_c in panels, both ways
+    packed = (keys.query.packed, first.w_r.packed, combine.packed)  # W_s, W_r, W_c in panels, both ways
     kernel = cpp_kernel(SOURCE, ARGTYPES)
     if kernel is None or not all(isinstance(x, Panels) and None not in (x.forward, x.backward) for x in packed):
         return None
-    plan = _Plan(keys, values, layers[0].w_r, combine, mask.contiguous(), active, dropout, kernel)
+    return _Plan(v.float().contiguous(), keys, values, first.w_r, combine, mask.contiguous(), active, dropout, kernel)
+
+
+def feed_loop(plan: _Plan, x0: Tensor, h: Tensor, c: Tensor, feed: Tensor, keys, values) -> tuple[Tensor, Tensor]:
+    """The input-feeding steps of `plan` (feed_plan's) from layer 0's input x0 (N, 4H) fp32, the loop's rows
+    step after step, and the state h, c (1, B, H), feed h~_{-1} (B, H) -> (h~_t (N, H), weights (N, S)), step
+    after step."""
+    if x0.shape != (sum(plan.active), 4 * h.size(-1)) or x0.dtype != torch.float32:
+        raise ValueError(f"feed_loop: x0 {tuple(x0.shape)} {x0.dtype}, not the loop's rows (N, 4H) in fp32")
     h0, c0 = h.squeeze(0).contiguous(), c.squeeze(0).contiguous()
-    w_s, w_r, w_c = keys.query.weight, layers[0].w_r.weight, combine.weight
-    return _FeedLoop.apply(x0, h0, c0, feed.contiguous(), keys.keys, v.float().contiguous(), values.matrix,
+    w_s, w_r, w_c = keys.query.weight, plan.w_r.weight, plan.w_c.weight
+    return _FeedLoop.apply(x0.contiguous(), h0, c0, feed.contiguous(), keys.keys, plan.v, values.matrix,
                            w_s, w_r, w_c, plan)  # fmt: skip
 
 
 class _Plan:
-    """What the loop needs besides its tensor inputs: the StepKeys / StepMatrix / StepWeight records the
-    gradients go to, the packed weights, the mask, the rows of each step, the dropout and the kernel."""
+    """What the loop needs besides its tensor inputs: the energy's v, the StepKeys / StepMatrix / StepWeight
+    records the gradients go to, the packed weights, the mask, the rows of each step, the dropout and the kernel."""
 
-    def __init__(self, keys: StepKeys, values: StepMatrix, w_r: StepWeight, w_c: StepWeight, mask, active, dropout,
-                 kernel):  # fmt: skip
-        self.exp_keys, self.sums, self.w_s = keys.exp_keys, keys.sums, keys.query
+    def __init__(self, v: Tensor, keys: StepKeys, values: StepMatrix, w_r: StepWeight, w_c: StepWeight, mask, active,
+                 dropout, kernel):  # fmt: skip
+        self.v, self.exp_keys, self.sums, self.w_s = v, keys.exp_keys, keys.sums, keys.query
         self.values, self.w_r, self.w_c, self.mask, self.active = values, w_r, w_c, mask, active
         self.dropout, self.kernel = dropout, kernel
         self.rows = torch.tensor(active, dtype=torch.int64)  # the kernel reads them
@@ -130,7 +143,7 @@ class _FeedLoop(torch.autograd.Function):
         tensors = [x0, h0, c0, feed0, keys, plan.exp_keys, v, plan.mask, values, plan.w_r.packed.forward,
                    plan.w_s.packed.forward, plan.w_c.packed.forward, masks, states, cells, tanhs, attentional,
                    weights, queries, joined, gates, combined, h0.new_empty(B, H), values.new_empty(B, D)]  # fmt: skip
-        _call(plan.kernel, 0, tensors, plan.rows, (T, B, S, A, D, H, x0.stride(0), x0.stride(1), 0, 0))
+        _call(plan.kernel, 0, tensors, plan.rows, (T, S, A, D, H))
         ctx.save_for_backward(x0, c0, keys, v, values, weights, states, cells, tanhs, masks, queries, gates,
                               joined, combined)  # fmt: skip
         ctx.plan = plan
@@ -145,8 +158,7 @@ class _FeedLoop(torch.autograd.Function):
         plan = ctx.plan
         B, S, A, D, H = keys.size(0), keys.size(1), keys.size(2), values.size(2), c0.size(1)
         T, N = len(plan.active), sum(plan.active)
-        g_x0, g_v = x0.new_empty(x0.shape), v.new_zeros(A)  # g_x0: the kernel writes the first T steps' rows
-        g_x0[:, T:].zero_()
+        g_v = v.new_zeros(A)
         plan.sums.start(keys, v)  # the keys' gradient: StepKeys' sums, 4 v applied after this node
         g_pre, g_q, g_z = _padded(N, H, c0), _padded(N, A, c0), _padded(N, 4 * H, c0)
         g_context, g_x, g_c = values.new_empty(N, D), c0.new_empty(B, 2 * H), c0.new_empty(B, H)
@@ -156,9 +168,8 @@ class _FeedLoop(torch.autograd.Function):
                    c0.new_empty(B, A)]  # fmt: skip
         tensors = [x0, c0, keys, plan.exp_keys, v, values, weights, states, cells, tanhs, masks, queries, gates,
                    plan.w_r.packed.backward, plan.w_s.packed.backward, plan.w_c.packed.backward, g_attentional,
-                   g_weights, g_x0, g_v, g_pre, g_context, g_q, g_z, plan.sums.g_w, g_x, g_c, *scratch]  # fmt: skip
-        sizes = (T, B, S, A, D, H, x0.stride(0), x0.stride(1), g_x0.stride(0), g_x0.stride(1))
-        _call(plan.kernel, 1, tensors, plan.rows, sizes)
+                   g_weights, g_v, g_pre, g_context, g_q, g_z, plan.sums.g_w, g_x, g_c, *scratch]  # fmt: skip
+        _call(plan.kernel, 1, tensors, plan.rows, (T, S, A, D, H))
         # the weights' gradients, one matmul each after this node (StepWeight, StepMatrix): all steps' rows at once
         plan.w_c.steps.inputs.append(combined)
         plan.w_c.steps.grads.append(g_pre)
@@ -173,6 +184,7 @@ class _FeedLoop(torch.autograd.Function):
             row += n
         # step 0 computes every sentence: the gradients of the initial state are (B, H)
         need = ctx.needs_input_grad
+        g_x0 = g_z[:N] if need[0] else None  # the gates' gradients are x0's (its rows are the loop's)
         g_h0 = g_x[:, H:].contiguous() if need[1] else None
         g_c0 = g_c if need[2] else None
         g_feed0 = g_x[:, :H].contiguous() if need[3] else None

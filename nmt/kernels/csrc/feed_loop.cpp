@@ -8,8 +8,9 @@
 //
 // Python took a dozen calls a step each way (the products, the kernels, the joins, their tensors); the arithmetic
 // is theirs, in the same order. The rows of all steps lie one after another (N = sum of active; a step's rows start
-// where the previous step's end), and so do what the weights' gradients need (the caller forms them once, as one
-// matmul each: nmt.kernels.stepweight). Built by Inductor's C++ toolchain (torch's vector ISA and flags), which
+// where the previous step's end): layer 0's input x0 (the embeddings' share, made for the loop's rows only) and
+// what the weights' gradients need (the caller forms them once, as one matmul each: nmt.kernels.stepweight), so
+// the gates' gradients are x0's as they stand. Built by Inductor's C++ toolchain (torch's vector ISA and flags), which
 // calls `kernel`; nmt.kernels.compiled.source_text puts the headers in place.
 // Shapes: B rows, T steps, S source positions, A attention size, D value size, H hidden; all fp32.
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -41,13 +42,13 @@ enum Forward {
 enum Backward {
     B_X0, B_C0, B_KEYS, B_EXP_KEYS, B_V, B_VALUES, B_WEIGHTS, B_STATES, B_CELLS, B_TANHS, B_DROP, B_QUERIES,
     B_GATES, B_W_R, B_W_S, B_W_C, B_G_FEEDS, B_G_WEIGHTS,                                      // inputs
-    B_G_X0, B_G_V, B_G_PRE, B_G_CONTEXT, B_G_Q, B_G_Z, B_G_KEYS, B_G_X, B_G_C,                  // outputs
+    B_G_V, B_G_PRE, B_G_CONTEXT, B_G_Q, B_G_Z, B_G_KEYS, B_G_X, B_G_C,                          // outputs
     B_G_STATE, B_G_CELL, B_G_Y, B_G_SCORES, B_G_V_ROWS                                        // (B, .) scratch
 };
 
-// x0 (B, T, 4H) with strides s0, s1; the forward's (N, .) buffers filled, in the order of the steps
+// x0 (N, 4H) like every (N, .) buffer: the forward's filled, in the order of the steps
 static void forward(const uintptr_t* p, const int64_t* active, int64_t T, int64_t S, int64_t A, int64_t D,
-                    int64_t H, int64_t s0, int64_t s1) {
+                    int64_t H) {
     auto in = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
     auto out = [p](int i) { return reinterpret_cast<float*>(p[i]); };
     const bool* mask = reinterpret_cast<const bool*>(p[F_MASK]);
@@ -61,7 +62,7 @@ static void forward(const uintptr_t* p, const int64_t* active, int64_t T, int64_
         float* wx = out(F_GATES) + row * 4 * H;
         product(x, 2 * H, in(F_W_R), n, 2 * H, 4 * H, wx, 4 * H);
         float *h_new = out(F_STATES) + row * H, *cell = out(F_CELLS) + row * H;
-        ::forward<float>(in(F_X0) + t * s1, s0, wx, 4 * H, c, h_new, H, cell, n, H);
+        ::forward<float>(in(F_X0) + row * 4 * H, 4 * H, wx, 4 * H, c, h_new, H, cell, n, H);
         float* q = out(F_QUERIES) + row * A;
         product(h_new, H, in(F_W_S), n, H, A, q, A);
         additive::forward<float>(q, in(F_KEYS), in(F_EXP_KEYS), in(F_V), mask, in(F_VALUES),
@@ -75,10 +76,10 @@ static void forward(const uintptr_t* p, const int64_t* active, int64_t T, int64_
     }
 }
 
-// g_x0 (B, T, 4H) with strides g0, g1 (every row of the first T steps written); g_v (A) and g_keys (B, S, A) added
-// into; the gradients of h~_{-1}, h_{-1} (g_x (B, 2H)) and cell_{-1} (g_c (B, H)) left in their buffers
-static void backward(const uintptr_t* p, const int64_t* active, int64_t T, int64_t B, int64_t S, int64_t A,
-                     int64_t D, int64_t H, int64_t s0, int64_t s1, int64_t g0, int64_t g1) {
+// g_z (N, 4H), the gates' gradients, is x0's too; g_v (A) and g_keys (B, S, A) added into; the gradients of
+// h~_{-1}, h_{-1} (g_x (B, 2H)) and cell_{-1} (g_c (B, H)) left in their buffers
+static void backward(const uintptr_t* p, const int64_t* active, int64_t T, int64_t S, int64_t A, int64_t D,
+                     int64_t H) {
     auto in = [p](int i) { return reinterpret_cast<const float*>(p[i]); };
     auto out = [p](int i) { return reinterpret_cast<float*>(p[i]); };
     const float *g_feeds = in(B_G_FEEDS), *g_weights = in(B_G_WEIGHTS), *drop = in(B_DROP);
@@ -110,27 +111,19 @@ static void backward(const uintptr_t* p, const int64_t* active, int64_t T, int64
         product(g_q, A, in(B_W_S), n, A, H, g_state, H, true);  // h_t's gradient through the query
         const float* c_prev = t == 0 ? in(B_C0) : in(B_CELLS) + starts[t - 1] * H;
         float* g_z = out(B_G_Z) + row * 4 * H;
-        ::backward<float>(in(B_X0) + t * s1, s0, in(B_GATES) + row * 4 * H, 4 * H, c_prev, in(B_CELLS) + row * H,
-                          g_state, g_cell, g_z, 4 * H, g_c, n, H);
-        float* g_x0 = out(B_G_X0) + t * g1;
-#pragma omp parallel for if (B * H > 8192)
-        for (int64_t r = 0; r < B; ++r) {  // the sentences that had ended by step t: zero
-            if (r < n)
-                std::memcpy(g_x0 + r * g0, g_z + r * 4 * H, 4 * H * sizeof(float));
-            else
-                std::memset(g_x0 + r * g0, 0, 4 * H * sizeof(float));
-        }
+        ::backward<float>(in(B_X0) + row * 4 * H, 4 * H, in(B_GATES) + row * 4 * H, 4 * H, c_prev,
+                          in(B_CELLS) + row * H, g_state, g_cell, g_z, 4 * H, g_c, n, H);
         product(g_z, 4 * H, in(B_W_R), n, 4 * H, 2 * H, g_x, 2 * H);  // [h~_{t-1}; h_{t-1}]'s gradient
     }
 }
 
 // what 0: forward, 1: backward; p: the addresses (Forward's or Backward's order), active: T row counts
-extern "C" void kernel(int64_t what, uintptr_t p, uintptr_t active, int64_t T, int64_t B, int64_t S, int64_t A,
-                       int64_t D, int64_t H, int64_t s0, int64_t s1, int64_t g0, int64_t g1) {
+extern "C" void kernel(int64_t what, uintptr_t p, uintptr_t active, int64_t T, int64_t S, int64_t A, int64_t D,
+                       int64_t H) {
     const uintptr_t* addresses = reinterpret_cast<const uintptr_t*>(p);
     const int64_t* rows = reinterpret_cast<const int64_t*>(active);
     if (what == 0)
-        forward(addresses, rows, T, S, A, D, H, s0, s1);
+        forward(addresses, rows, T, S, A, D, H);
     else
-        backward(addresses, rows, T, B, S, A, D, H, s0, s1, g0, g1);
+        backward(addresses, rows, T, S, A, D, H);
 }
