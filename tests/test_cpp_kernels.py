@@ -257,6 +257,23 @@ def test_lstm_cell_in_bf16_keeps_the_cell_in_fp32(compiled):
     torch.testing.assert_close(h.double(), ref_h, rtol=2**-8, atol=1e-6)  # one bf16 rounding
 
 
+def test_lstm_cell_saturates_as_fp64_and_keeps_nan(compiled):
+    """Pre-activations far out (to +-200, past where exp overflows in fp32: the cell's exp clamps there) give the
+    saturated gates fp64 gives, and a NaN in one pre-activation reaches that unit's h and cell, not a number the
+    clamp made of it; the other rows stay finite."""
+    H = 16
+    x0, wx = torch.linspace(-200, 200, 3 * 4 * H).view(3, 4 * H), torch.zeros(3, 4 * H)
+    c = torch.randn(3, H, generator=torch.Generator().manual_seed(0))
+    h, cell = lstm_cell(x0, wx, c)
+    ref_h, ref_cell = plain_cell(x0.double(), wx.double(), c.double())
+    torch.testing.assert_close(h.double(), ref_h, rtol=0, atol=1e-6)
+    torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
+    x0[1, 5] = float("nan")  # gate i of unit 5, row 1
+    h, cell = lstm_cell(x0, wx, c)
+    assert h[1, 5].isnan() and cell[1, 5].isnan()
+    assert h[[0, 2]].isfinite().all() and cell[[0, 2]].isfinite().all()
+
+
 def test_step_by_step_decoding_equals_teacher_forcing_on_the_kernels(compiled):
     """Search's single step (no gradient, plain keys and values) on the C++ kernels gives the teacher-forced
     loop's logits and weights, as the torch step does."""

