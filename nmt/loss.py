@@ -117,14 +117,15 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
                 z = torch.mm(hidden[r0:r1], weight.t(), out=buffer[: r1 - r0])  # (rows, V) logits but the bias
             else:
                 z = step_gemm.product(hidden[r0:r1], panels.forward, V, panels.kernel, out=buffer[: r1 - r0])
-            if not smoothed_xent(z, bias, target[r0:r1], losses[r0:r1], eps, PAD_ID):  # one C++ call where it runs
+            # one C++ call where it runs, the bias's gradient summed in it
+            if not smoothed_xent(z, bias, target[r0:r1], losses[r0:r1], eps, PAD_ID, grad_bias):
                 _loss_and_gradient(z.add_(bias), target[r0:r1], real[r0:r1], losses[r0:r1], eps)
+                grad_bias += z.sum(0)
             torch.mm(z, weight, out=grad_hidden[r0:r1])
             if r0 == 0:  # the first piece's product is the gradient (no zero-filled 16 MB to add it to)
                 torch.mm(z.t(), hidden[r0:r1], out=grad_weight)
             else:
                 torch.addmm(grad_weight, z.t(), hidden[r0:r1], out=grad_weight)  # (not addmm_: FLOP counters see it)
-            grad_bias += z.sum(0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.used = False
         return losses.sum()

@@ -44,6 +44,21 @@ def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compile
     assert len(products) == (len(calls) if N > 16 else 0)
 
 
+def test_the_loss_kernel_sums_the_bias_gradient_the_same_every_run(compiled):
+    """The kernel adds the gradient's column sums (the bias's gradient) into the given vector, the threads' sums
+    in a fixed order: two runs on the same logits give the same bits, and the sum of the gradient rows."""
+    torch.manual_seed(0)
+    z, bias, target = torch.randn(300, 8000), torch.randn(8000), torch.randint(4, 8000, (300,))
+    target[::7] = PAD_ID
+    runs = []
+    for _ in range(2):
+        g, losses, sums = z.clone(), torch.empty(300), torch.full((8000,), 0.5)
+        assert loss_module.smoothed_xent(g, bias, target, losses, 0.1, PAD_ID, sums)
+        runs.append(sums)
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+    torch.testing.assert_close(runs[0], 0.5 + g.sum(0), rtol=0, atol=1e-5)
+
+
 def check_against_the_layer_then_the_loss(N, smoothing, rows, piece, V, monkeypatch):
     monkeypatch.setattr(loss_module, "OUTPUT_ROWS", rows)  # logits made `rows` at a time, `piece` rows per pass
     torch.manual_seed(N)

@@ -8,7 +8,7 @@ subtraction, a scatter and a multiplication: about ten passes and two exps per l
 is in cache. It runs where the compiled kernels run (trainer.kernels, nmt.kernels.compiled); elsewhere
 `smoothed_xent` returns False and the caller goes the torch way.
 
-    done = smoothed_xent(z, bias, target, losses, eps, pad)   # z = x W^T (R, V) fp32 -> z + bias's gradient
+    done = smoothed_xent(z, bias, target, losses, eps, pad, grad_bias)  # z = x W^T (R, V) fp32 -> z + bias's gradient
 
 Shapes: R rows, V vocabulary.
 """
@@ -23,24 +23,29 @@ from torch import Tensor
 from nmt.kernels.compiled import cpp_kernel, is_in_torch_dispatch_mode
 
 SOURCE = Path(__file__).parent / "csrc" / "smoothed_xent.cpp"
-ARGTYPES = ["uintptr_t", "uintptr_t", "uintptr_t", "uintptr_t", "int64_t", "int64_t", "float", "int64_t"]
+ARGTYPES = ["uintptr_t", "uintptr_t", "uintptr_t", "uintptr_t", "int64_t", "int64_t", "float", "int64_t", "uintptr_t"]
 
 
-def smoothed_xent(z: Tensor, bias: Tensor, target: Tensor, losses: Tensor, eps: float, pad: int) -> bool:
+def smoothed_xent(
+    z: Tensor, bias: Tensor, target: Tensor, losses: Tensor, eps: float, pad: int, grad_bias: Tensor | None = None
+) -> bool:
     """Each row of z (R, V) fp32, the output layer's products without its bias (V,) fp32, replaced by the
     gradient of the label-smoothed cross-entropy of the logits z + bias, softmax - eps / V - (1 - eps)
     onehot(target), and the loss itself written to losses (R,) fp32; rows whose target (R,) int64 is `pad` get
-    zeros in both. False (nothing done, z untouched) where the kernel does not run: not a CPU, kernels not
-    compiled, other dtypes or layouts, or under a torch dispatch mode (a FLOP counter)."""
+    zeros in both. With grad_bias (V,) fp32, the gradient's column sums (the bias's gradient) are added into
+    it. False (nothing done, z untouched) where the kernel does not run: not a CPU, kernels not compiled, other
+    dtypes or layouts, or under a torch dispatch mode (a FLOP counter)."""
     if z.device.type != "cpu" or is_in_torch_dispatch_mode():
         return False
-    if any(t.dtype != torch.float32 for t in (z, bias, losses)) or target.dtype != torch.int64:
+    sums = [] if grad_bias is None else [grad_bias]
+    if any(t.dtype != torch.float32 for t in (z, bias, losses, *sums)) or target.dtype != torch.int64:
         return False
-    if not all(t.is_contiguous() for t in (z, bias, target, losses)):
+    if not all(t.is_contiguous() for t in (z, bias, target, losses, *sums)):
         return False
     kernel = cpp_kernel(SOURCE, ARGTYPES)
     if kernel is None:
         return False
     R, V = z.shape
-    kernel(z.data_ptr(), bias.data_ptr(), target.data_ptr(), losses.data_ptr(), R, V, float(eps), int(pad))
+    sums_at = 0 if grad_bias is None else grad_bias.data_ptr()
+    kernel(z.data_ptr(), bias.data_ptr(), target.data_ptr(), losses.data_ptr(), R, V, float(eps), int(pad), sums_at)
     return True
