@@ -40,7 +40,7 @@ from nmt.choices import Bridge, Query, choice
 from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
-from nmt.kernels.decoder_loop import decoder_loop
+from nmt.kernels.decoder_loop import decoder_loop, loop_positions
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.feed_loop import feed_loop, feed_plan
 from nmt.kernels.lstm import LayerParams, layer, layer_params, lstm_step
@@ -321,12 +321,6 @@ def _unpack(steps: list[Tensor], active: list[int], T: int) -> Tensor:
     return (
         rows.new_zeros(B * T, rows.size(-1)).index_copy(0, loop_positions(active, T, rows.device), rows).view(B, T, -1)
     )
-
-
-def loop_positions(active: list[int], T: int, device: torch.device) -> Tensor:
-    """Where the loop's rows, step after step (step t: the first active[t] sentences), stand among the B x T
-    positions of the batch: flat indices (N,)."""
-    return torch.cat([torch.arange(n, device=device) * T + t for t, n in enumerate(active)])
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

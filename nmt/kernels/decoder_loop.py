@@ -97,6 +97,12 @@ def loop_applies(v: Tensor | None, h: Tensor, keys, values, layers: list[LayerPa
     )
 
 
+def loop_positions(active: list[int], T: int, device: torch.device) -> Tensor:
+    """Where a loop's rows, step after step (step t: the first active[t] sentences), stand among the B x T
+    positions of the batch: flat indices (N,)."""
+    return torch.cat([torch.arange(n, device=device) * T + t for t, n in enumerate(active)])
+
+
 def loop_kernels() -> tuple:
     """The attention step's and the LSTM cell's C++ kernels (None each where they are not built)."""
     return cpp_kernel(SOURCE, ARGTYPES), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from nmt.kernels.compiled import address, cpp_kernel
-from nmt.kernels.decoder_loop import loop_applies
+from nmt.kernels.decoder_loop import loop_applies, loop_positions
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.lstm import LayerParams
 from nmt.kernels.step_gemm import Panels
@@ -177,11 +177,11 @@ class _FeedLoop(torch.autograd.Function):
         plan.w_s.steps.grads.append(g_q)
         plan.w_r.steps.inputs.append(joined)
         plan.w_r.steps.grads.append(g_z)
-        row = 0
-        for n in plan.active:
-            plan.values.steps.inputs.append(weights[row : row + n].unsqueeze(1))  # (n, 1, S)
-            plan.values.steps.grads.append(g_context[row : row + n].unsqueeze(1))  # (n, 1, D)
-            row += n
+        # the values': (B, T, S) and (B, T, D) with zeros where a sentence had ended, one record each (where a
+        # record a step took F.pad and a join after it)
+        at = loop_positions(plan.active, T, weights.device)
+        plan.values.steps.inputs.append(weights.new_zeros(B * T, S).index_copy_(0, at, weights).view(B, T, S))
+        plan.values.steps.grads.append(g_context.new_zeros(B * T, D).index_copy_(0, at, g_context).view(B, T, D))
         # step 0 computes every sentence: the gradients of the initial state are (B, H)
         need = ctx.needs_input_grad
         g_x0 = g_z[:N] if need[0] else None  # the gates' gradients are x0's (its rows are the loop's)

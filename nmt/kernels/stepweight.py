@@ -84,11 +84,11 @@ class _Steps:
     def matrix_gradient(self, transpose: bool, batch: int) -> Tensor | None:
         """y_t = a_t M: dM = A^T G (B, X, Y); y_t = a_t M^T: dM = G^T A (B, Y, X); one bmm over the steps.
         A step that multiplied the matrices of the first b < B sentences only (StepMatrix.rows) counts zero
-        for the others."""
+        for the others. A record may hold several steps, (B, T', X) (a loop that made them at once)."""
         if not self.grads:
             return None
         inputs, grads = self._take()
-        a, g = torch.cat(_full(inputs, batch), dim=1), torch.cat(_full(grads, batch), dim=1)  # (B, T, X), (B, T, Y)
+        a, g = _joined(_full(inputs, batch)), _joined(_full(grads, batch))  # (B, T, X), (B, T, Y)
         return torch.bmm(g.transpose(1, 2), a) if transpose else torch.bmm(a.transpose(1, 2), g)
 
 
@@ -99,6 +99,11 @@ def _stacked(xs: list[Tensor]) -> Tensor:
     if len(xs) == 1 and x.size(0) == padded_count(x.size(0)) and x.is_contiguous():
         return x
     return cat_rows(xs)
+
+
+def _joined(steps: list[Tensor]) -> Tensor:
+    """The records joined along the steps (B, T, X); a single one as it is."""
+    return steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
 
 
 def _full(steps: list[Tensor], batch: int) -> list[Tensor]:
