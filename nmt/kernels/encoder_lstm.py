@@ -88,7 +88,7 @@ class _EncoderLSTM(torch.autograd.Function):
         G = 4 * H
         backward_panels = [step_gemm.pack(w, forward=False).backward for w in w_hh]  # K G, N H
         grads = [None if g is None else g.float().contiguous() for g in (d_out, d_hn, d_cn)]
-        dz, scratch = xt.new_empty(S, B, D * G), xt.new_empty(D, 2, B, H)
+        dz, scratch = xt.new_empty(S, B, D * G), xt.new_empty(D, 2 * B * H + G)  # scratch: then the bias's gradient
         zeros = xt.new_zeros(max(B * H, G))
         buffers = (z, _table(backward_panels), zeros, cells, out, *grads, scratch, dz)
         ctx.kernel(BACKWARD, ctx.threads, *map(address, buffers), S, B, H, D)
@@ -97,7 +97,7 @@ class _EncoderLSTM(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = torch.mm(dz2, w_ih).view(S, B, E).transpose(0, 1)  # (B, S, E)
         d_w_ih = torch.mm(dz2.t(), xt.view(S * B, E))  # (D G, E)
-        d_bias = dz2.sum(0)  # (D G,)
+        d_bias = scratch[:, 2 * B * H :].reshape(D * G)  # (D G,): dz's column sums, the kernel's
         grads_out = []
         for d in range(D):
             # W_hh's gradient: dz_t h_{t-1}^T over the steps after the first of direction d

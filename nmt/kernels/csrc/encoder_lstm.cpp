@@ -41,13 +41,17 @@ static void run_forward(const Shape& s, int64_t d, float* xw, const float* panel
     }
 }
 
-// dout (S, B, D H) or null; dhn, dcn (D, B, H) or null: the final states' gradients. scratch: 2 x (B, H).
+// dout (S, B, D H) or null; dhn, dcn (D, B, H) or null: the final states' gradients. scratch: 2 x (B, H), then
+// (G): the bias's gradient, dz's column sums over the steps (summed here while each step's rows are in cache,
+// where the caller's sum read all of dz again).
 static void run_backward(const Shape& s, int64_t d, const float* xw, const float* panels, const float* zeros,
                          const float* cells, const float* dout, const float* dhn, const float* dcn, float* scratch,
                          float* dz) {
     const int64_t B = s.B, H = s.H, G = s.G(), XS = s.D * G, OS = s.D * H;
     float* dh = scratch;          // (B, H): the gradient reaching h_t, then (after the cell) h_{t-1}'s from W_hh
     float* dc = scratch + B * H;  // (B, H): the gradient reaching c_t
+    float* db = scratch + 2 * B * H;  // (G): the bias's gradient
+    std::memset(db, 0, sizeof(float) * G);
     if (dhn) std::memcpy(dh, dhn + d * B * H, sizeof(float) * B * H); else std::memset(dh, 0, sizeof(float) * B * H);
     if (dcn) std::memcpy(dc, dcn + d * B * H, sizeof(float) * B * H); else std::memset(dc, 0, sizeof(float) * B * H);
     for (int64_t k = s.S - 1; k >= 0; --k) {
@@ -61,6 +65,11 @@ static void run_backward(const Shape& s, int64_t d, const float* xw, const float
         float* dzt = dz + t * B * XS + d * G;
         backward(xw + t * B * XS + d * G, XS, zeros, 0, c, cells + (d * s.S + t) * B * H,
                  static_cast<const float*>(dh), static_cast<const float*>(dc), dzt, XS, dc, B, H);
+        for (int64_t r = 0; r < B; ++r)
+            for (int64_t j = 0; j < G; j += W) {
+                const int64_t n = std::min(W, G - j);
+                (Vec::loadu(db + j, n) + Vec::loadu(dzt + r * XS + j, n)).store(db + j, n);
+            }
         if (k > 0) product(dzt, XS, panels, B, G, H, dh, H);  // dz_t W_hh: h_{t-1}'s gradient
     }
 }
@@ -69,7 +78,7 @@ template <typename T>
 static T* at_(uintptr_t p) { return reinterpret_cast<T*>(p); }
 
 // what 0: forward (xw, panels[D] (forward: K H, N 4H), zeros, cells, out); 1: backward (xw, panels[D] (backward:
-// K 4H, N H), zeros, cells, out, dout, dhn, dcn, scratch (D, 2, B, H), dz); 2: NR into xw. panels: the address of D
+// K 4H, N H), zeros, cells, out, dout, dhn, dcn, scratch (D, 2 B H + 4H), dz); 2: NR into xw. panels: the address of D
 // addresses. threads: torch's thread count; with 2 directions and at least 2 threads, a thread for each.
 extern "C" void kernel(int64_t what, int64_t threads, uintptr_t xw, uintptr_t panels, uintptr_t zeros, uintptr_t cells,
                        uintptr_t out, uintptr_t dout, uintptr_t dhn, uintptr_t dcn, uintptr_t scratch, uintptr_t dz,
@@ -88,6 +97,6 @@ extern "C" void kernel(int64_t what, int64_t threads, uintptr_t xw, uintptr_t pa
         else
             run_backward(s, d, at_<const float>(xw), at_<const float>(pan[d]), at_<const float>(zeros),
                          at_<const float>(cells), at_<const float>(dout), at_<const float>(dhn),
-                         at_<const float>(dcn), at_<float>(scratch) + d * 2 * B * H, at_<float>(dz));
+                         at_<const float>(dcn), at_<float>(scratch) + d * (2 * B * H + 4 * H), at_<float>(dz));
     }
 }
