@@ -250,10 +250,10 @@ class Decoder(nn.Module):
             v = self.attention.additive_v()
             plan = feed_plan(v, state.h, keys, values, mask, params.layers, params.combine, active, dropout)
             if plan is not None:  # layer 0's input for the loop's rows only, step after step (N, 4H)
-                positions = loop_positions(active, tgt_in.size(1), emb.device)
-                x0 = self._inputs(emb.flatten(0, 1).index_select(0, positions), params)
+                x0 = self._inputs(emb.flatten(0, 1).index_select(0, plan.positions), params)
                 attn_h, weights = feed_loop(plan, x0, state.h, state.c, state.feed, keys, values)  # (N, H), (N, S)
-                return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
+                T = tgt_in.size(1)
+                return _unpack([attn_h], active, T, plan.positions), _unpack([weights], active, T, plan.positions)
         x0_all = self._inputs(emb, params)  # (B, T, 4H)
         if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
             loop = decoder_loop(
@@ -311,16 +311,15 @@ def first_rows(x, n: int):
     return x.rows(n) if isinstance(x, (StepKeys, StepMatrix)) else x[:n]
 
 
-def _unpack(steps: list[Tensor], active: list[int], T: int) -> Tensor:
+def _unpack(steps: list[Tensor], active: list[int], T: int, positions: Tensor | None = None) -> Tensor:
     """The loop's per-step rows, (n_t, X) each or already joined (N, X), as (B, T, X) in the batch's order,
-    with zeros where no row was computed."""
+    with zeros where no row was computed; `positions`: loop_positions(active, T), where known."""
     B = active[0]
     if all(n == B for n in active):
         return torch.stack(steps, dim=1) if len(steps) == T else steps[0].view(T, B, -1).transpose(0, 1)
-    rows = torch.cat(steps)  # (N, X), step by step
-    return (
-        rows.new_zeros(B * T, rows.size(-1)).index_copy(0, loop_positions(active, T, rows.device), rows).view(B, T, -1)
-    )
+    rows = steps[0] if len(steps) == 1 else torch.cat(steps)  # (N, X), step by step
+    positions = loop_positions(active, T, rows.device) if positions is None else positions
+    return rows.new_zeros(B * T, rows.size(-1)).index_copy(0, positions, rows).view(B, T, -1)
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

@@ -24,7 +24,7 @@ order of a few sums and the tanh's last bits.
     out = feed_loop(plan, x0, h, c, feed, keys, values)                      # x0 (N, 4H): the loop's rows only
 
 Layer 0's input x0 (the embeddings' share of the gates, one matmul before the loop) comes for the rows the loop
-computes only, step after step as all its buffers are (nmt.decoder's `loop_positions`): the positions after a
+computes only, step after step as all its buffers are (`plan.positions` among the B x T): the positions after a
 sentence's end (about an eighth of the multi30k_deen preset's B x T) cost no product, and the gates' gradients
 are x0's as the kernel leaves them, where a (B, T, 4H) gradient took a copy with zeros at those positions.
 
@@ -109,6 +109,7 @@ class _Plan:
         self.values, self.w_r, self.w_c, self.mask, self.active = values, w_r, w_c, mask, active
         self.dropout, self.kernel = dropout, kernel
         self.rows = torch.tensor(active, dtype=torch.int64)  # the kernel reads them
+        self.positions = loop_positions(active, len(active), mask.device)  # (N,): where the rows stand in B x T
 
 
 def _call(kernel: Callable, what: int, tensors: list[Tensor | None], rows: Tensor, sizes: tuple[int, ...]) -> None:
@@ -179,7 +180,7 @@ class _FeedLoop(torch.autograd.Function):
         plan.w_r.steps.grads.append(g_z)
         # the values': (B, T, S) and (B, T, D) with zeros where a sentence had ended, one record each (where a
         # record a step took F.pad and a join after it)
-        at = loop_positions(plan.active, T, weights.device)
+        at = plan.positions
         plan.values.steps.inputs.append(weights.new_zeros(B * T, S).index_copy_(0, at, weights).view(B, T, S))
         plan.values.steps.grads.append(g_context.new_zeros(B * T, D).index_copy_(0, at, g_context).view(B, T, D))
         # step 0 computes every sentence: the gradients of the initial state are (B, H)
