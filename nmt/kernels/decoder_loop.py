@@ -99,10 +99,11 @@ def loop_applies(v: Tensor | None, h: Tensor, keys, values, layers: list[LayerPa
 
 def loop_positions(active: list[int], T: int, device: torch.device) -> Tensor:
     """Where a loop's rows, step after step (step t: the first active[t] sentences), stand among the B x T
-    positions of the batch: flat indices (N,)."""
+    positions of the batch: flat indices (N,), made on the host (a mask's selection would read a device's
+    tensor) and put on `device`."""
     B = active[0]
-    grid = torch.arange(B, device=device) * T + torch.arange(T, device=device)[:, None]  # (T, B): b T + t
-    return grid[torch.arange(B, device=device) < torch.tensor(active, device=device)[:, None]]  # step after step
+    grid = torch.arange(B) * T + torch.arange(T)[:, None]  # (T, B): b T + t
+    return grid[torch.arange(B) < torch.tensor(active)[:, None]].to(device)  # step after step
 
 
 def loop_kernels() -> tuple:
