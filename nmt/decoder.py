@@ -40,7 +40,7 @@ from nmt.choices import Bridge, Query, choice
 from nmt.device import autocast_dtype, run_lstm, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
-from nmt.kernels.decoder_loop import decoder_loop, loop_positions
+from nmt.kernels.decoder_loop import decoder_loop, loop_positions, scatter_steps
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.feed_loop import feed_loop, feed_plan
 from nmt.kernels.lstm import LayerParams, layer, layer_params, lstm_step
@@ -319,7 +319,7 @@ def _unpack(steps: list[Tensor], active: list[int], T: int, positions: Tensor | 
         return torch.stack(steps, dim=1) if len(steps) == T else steps[0].view(T, B, -1).transpose(0, 1)
     rows = steps[0] if len(steps) == 1 else torch.cat(steps)  # (N, X), step by step
     positions = loop_positions(active, T, rows.device) if positions is None else positions
-    return rows.new_zeros(B * T, rows.size(-1)).index_copy(0, positions, rows).view(B, T, -1)
+    return scatter_steps(rows, positions, B, T)
 
 
 def _fp32_cells(state: DecoderState) -> DecoderState:

@@ -106,6 +106,11 @@ def loop_positions(active: list[int], T: int, device: torch.device) -> Tensor:
     return grid[torch.arange(B) < torch.tensor(active)[:, None]].to(device)  # step after step
 
 
+def scatter_steps(rows: Tensor, positions: Tensor, B: int, T: int) -> Tensor:
+    """A loop's rows (N, X), step after step, at their `positions` (loop_positions) in (B, T, X), zeros elsewhere."""
+    return rows.new_zeros(B * T, rows.size(-1)).index_copy_(0, positions, rows).view(B, T, -1)
+
+
 def loop_kernels() -> tuple:
     """The attention step's and the LSTM cell's C++ kernels (None each where they are not built)."""
     return cpp_kernel(SOURCE, ARGTYPES), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)

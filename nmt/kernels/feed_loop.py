@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from nmt.kernels.compiled import address, cpp_kernel
-from nmt.kernels.decoder_loop import loop_applies, loop_positions
+from nmt.kernels.decoder_loop import loop_applies, loop_positions, scatter_steps
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.lstm import LayerParams
 from nmt.kernels.step_gemm import Panels
@@ -101,7 +101,8 @@ def feed_loop(plan: _Plan, x0: Tensor, h: Tensor, c: Tensor, feed: Tensor, keys,
 
 class _Plan:
     """What the loop needs besides its tensor inputs: the energy's v, the StepKeys / StepMatrix / StepWeight
-    records the gradients go to, the packed weights, the mask, the rows of each step, the dropout and the kernel."""
+    records the gradients go to, the packed weights, the mask, the rows of each step and where they stand among
+    the batch's B x T positions, the dropout and the kernel."""
 
     def __init__(self, v: Tensor, keys: StepKeys, values: StepMatrix, w_r: StepWeight, w_c: StepWeight, mask, active,
                  dropout, kernel):  # fmt: skip
@@ -180,9 +181,8 @@ class _FeedLoop(torch.autograd.Function):
         plan.w_r.steps.grads.append(g_z)
         # the values': (B, T, S) and (B, T, D) with zeros where a sentence had ended, one record each (where a
         # record a step took F.pad and a join after it)
-        at = plan.positions
-        plan.values.steps.inputs.append(weights.new_zeros(B * T, S).index_copy_(0, at, weights).view(B, T, S))
-        plan.values.steps.grads.append(g_context.new_zeros(B * T, D).index_copy_(0, at, g_context).view(B, T, D))
+        plan.values.steps.inputs.append(scatter_steps(weights, plan.positions, B, T))
+        plan.values.steps.grads.append(scatter_steps(g_context, plan.positions, B, T))
         # step 0 computes every sentence: the gradients of the initial state are (B, H)
         need = ctx.needs_input_grad
         g_x0 = g_z[:N] if need[0] else None  # the gates' gradients are x0's (its rows are the loop's)
