@@ -63,7 +63,9 @@ def _rel(path: Path) -> str:
 def command_text(command: str, written: Path | None = None) -> str:
     """The recorded command as the README spells commands, with no path of the machine that ran it: the
     interpreter as `python`, a folder under the shared folder beside the clone as `../shared/...`
-    (`/work/shared/data/multi30k` -> `../shared/data/multi30k`), and --out as the committed file `written`."""
+    (`/work/shared/data/multi30k` -> `../shared/data/multi30k`), a script of a checkout elsewhere (a git worktree's
+    `/w/wt/scripts/benchmark.py`) as this repository's `scripts/benchmark.py`, and --out as the committed file
+    `written`."""
     words = command.split()
     if words and Path(words[0]).name.startswith("python"):
         words[0] = "python"
@@ -72,6 +74,8 @@ def command_text(command: str, written: Path | None = None) -> str:
             words[i] = _rel(written)
         elif word.startswith("/") and "/shared/" in word:
             words[i] = "../shared/" + word.split("/shared/", 1)[1]
+        elif word.startswith("/") and Path(word).parent.name == "scripts" and word.endswith(".py"):
+            words[i] = f"scripts/{Path(word).name}"
     return " ".join(words)
 
 

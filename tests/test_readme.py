@@ -101,6 +101,10 @@ def test_the_table_names_no_machines_paths_and_says_which_malloc():
     assert tables.command_text(recorded, tables.BENCHMARK) == (
         "python x.py --data ../shared/data/m --out docs/benchmark/benchmark.json"
     )
+    from_worktree = "/venv/bin/python /srv/wt/scripts/benchmark.py --data /srv/shared/data/m --out /tmp/a.json"
+    assert tables.command_text(from_worktree, tables.BENCHMARK) == (
+        "python scripts/benchmark.py --data ../shared/data/m --out docs/benchmark/benchmark.json"
+    )
     assert "malloc not recorded" in tables.machine_text({"cpu_model": "X"})
     assert "glibc malloc" in tables.machine_text({"cpu_model": "X", "malloc": "glibc"})
 
