@@ -17,10 +17,11 @@ that toolchain takes over a second itself, so the first build notes where the li
 in Inductor's cache directory, keyed by the source, argument types, torch version and vector ISA) and later
 processes load it from there directly, in milliseconds.
 
-`eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's preset) uses compiled kernels on
-a CPU where a C++ compiler is found, eager ones elsewhere (CUDA is unmeasured); `auto_fp32` (the multi30k_deen
-preset's) does what `auto` does where training runs in fp32 and stays eager under bf16, whose speed was measured
-with the eager kernels; `compiled` insists (a failed compilation is an error naming the fix). Compiling costs:
+`eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's and multi30k_deen presets) uses
+compiled kernels on a CPU where a C++ compiler is found, in fp32 and bf16, eager ones elsewhere (CUDA is
+unmeasured); `auto_fp32` does what `auto` does where training runs in fp32 and stays eager under bf16 (the
+multi30k_deen preset's until a side-by-side run under bf16 trained 1.17x faster compiled: docs/performance.md);
+`compiled` insists (a failed compilation is an error naming the fix). Compiling costs:
 torch's compiler stack adds about 165 MB to the process (measured on one machine) and the first batches wait for
 it, so the default stays eager. The choice is process-wide, like torch.backends' settings, and eager unless a
 Trainer set it. A Translator holds its own (decoding.kernels, `auto_fp32` by default) for the duration of each
