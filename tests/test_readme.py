@@ -152,8 +152,25 @@ def _study(corpus: str, shift: float, seeds: int) -> dict:
             }
         },
         "runs": [
-            {"cpu": "AMD EPYC", "trained_at": "2026-12-05T10:00Z"},
-            {"cpu": "AMD EPYC (recorded there; training's not stored)", "trained_at": "2026-12-05T11:00Z"},
+            {
+                "name": "none_seed1",
+                "attention": "none",
+                "cpu": "AMD EPYC",
+                "trained_at": "2026-12-05T10:00Z",
+                "steps": 1200,
+                "epochs": 9,
+                "train_minutes": 10.0,
+                "stopped_by": "early_stopping",
+            },
+            {
+                "name": "bahdanau_seed1",
+                "attention": "bahdanau",
+                "trained_at": "2026-12-05T11:00Z",
+                "steps": 1400,
+                "epochs": 10,
+                "train_minutes": 12.5,
+                "cpu": "AMD EPYC (recorded there; training's not stored)",
+            },
         ],
     }
 
@@ -196,6 +213,8 @@ def test_study_tables_show_both_language_pairs_side_by_side(tmp_path):
     readme_text, doc_text = tables.rewritten(readme.read_text(), doc.read_text(), tables.BENCHMARK, studies)
     assert block in readme_text and tables.render_study(studies, every_decoding=True) in doc_text
     assert "15.3 [14.3, 16.3]" in doc_text
+    assert "| de -> en | none | 1 | 1200 | 9 | 10.00 | early_stopping 1 of 1 |" in doc_text  # how they trained
+    assert "| de -> en | bahdanau | 1 | 1400 | 10 | 12.50 | not recorded 1 of 1 |" in doc_text
     doc.write_text(doc_text.replace("15.3 [14.3, 16.3]", "15.4 [14.3, 16.3]"), encoding="utf-8")
     assert tables.main(["--check", "--study-doc", str(doc)]) == 1  # a hand-made change is caught ...
 
@@ -246,3 +265,17 @@ def test_cited_docs_paths_exist(page):
         if not (ROOT / p).exists() and not any(p == folder or p.startswith(folder + "/") for folder in pending)
     ]
     assert not missing, f"{page.name} cites paths that do not exist: {missing}"
+
+
+def test_the_budget_block_sets_each_pairs_two_budgets_side_by_side(tmp_path):
+    """docs/study.md's budget block: per pair and model, the 9-epoch study's figures -> the converged study's,
+    from their study.json; a pair without a converged study is named, not invented."""
+    tables = _tables()
+    nine, converged = tmp_path / "nine.json", tmp_path / "converged.json"
+    nine.write_text(json.dumps(_study("multi30k-de-en", 0.0, 5)))
+    converged.write_text(json.dumps(_study("multi30k-de-en", 2.0, 3)))
+    block = tables.render_budget({"de -> en": (nine, converged), "fr -> en": (nine, tmp_path / "absent.json")})
+    none = next(line for line in block.splitlines() if line.startswith("| de -> en | none |"))
+    assert "| 5 -> 3 | 13.3 -> 15.3 |" in none
+    assert "No converged study yet for fr -> en" in block and "| fr -> en |" not in block
+    assert block.startswith(tables.BUDGET_BEGIN) and block.endswith(tables.BUDGET_END)

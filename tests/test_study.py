@@ -36,9 +36,11 @@ from nmt.study.records import (
     FORMAT,
     VERSION,
     StudyRun,
+    exact_windows,
     read_record,
     record_decodings,
     references_sha256,
+    set_outputs,
     write_record,
 )
 from nmt.study.runs import find_inputs
@@ -542,9 +544,9 @@ def test_a_decoding_only_some_seeds_have_is_reported_on_those():
         1
     }
     assert all(row["seeds"] == 1 and row["ci_seeds"] is None for row in beam["models"]["none"]["by_k"])
-    assert beam["paired"]["bahdanau"]["1"]["deltas"] == [
-        round(_bleu(records[2], 1, "beam5") - _bleu(records[0], 1, "beam5"), 2)
-    ]
+    assert beam["paired"]["bahdanau"]["1"]["deltas"] == pytest.approx(
+        [_bleu(records[2], 1, "beam5") - _bleu(records[0], 1, "beam5")]
+    )
     assert any("beam5 has only some seeds" in n and "none 1 of 2" in n for n in summary["notes"])
     from nmt.study.tables import windows_markdown
 
@@ -786,3 +788,55 @@ def test_the_committed_study_rebuilds_from_its_records_alone(committed, tmp_path
         for m in res["models"].values():
             holding = [r for r in records if r["name"] in m["runs"] and decoding in record_decodings(r)]
             assert m["seeds"] == len(holding) == len(m["runs"]) and all(row["seeds"] == m["seeds"] for row in m["by_k"])
+
+
+def _printed_cells(text: str, first_cell: str) -> dict[str, list[str]]:
+    """Rows of the Markdown tables in `text` whose header starts with `first_cell`: {row label: cells}."""
+    rows, inside = {}, False
+    for line in text.splitlines():
+        if line.startswith(f"| {first_cell} |"):
+            inside = True
+        elif not line.startswith("|"):
+            inside = False
+        elif inside and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows.setdefault(cells[0], []).append(cells)
+    return rows
+
+
+@pytest.mark.parametrize("committed", COMMITTED, ids=lambda p: p.name)
+def test_every_printed_bleu_cell_is_the_records_mean_rounded_once(committed):
+    """Each model's BLEU at each k in study.md is sacrebleu's corpus BLEU of every seed's record (the windows of
+    exactly k), averaged over the seeds and rounded once to one decimal: computed here from the records alone,
+    with sacrebleu, not with the study's code."""
+    import sacrebleu
+
+    if not (committed / "records").is_dir():
+        pytest.skip(f"no committed study {committed.name}")
+    summary = json.loads((committed / "study.json").read_text())
+    records = {r["name"]: r for r in (read_record(p) for p in sorted((committed / "records").iterdir()))}
+    text = (committed / "study.md").read_text()
+    tables = [t for t in text.split("\n\n") if t.startswith("| model | seeds | k=1")]
+    checked = 0
+    for decoding, res in summary["results"].items():
+        for key, m in res["models"].items():
+            means = []
+            for row in m["by_k"]:
+                scores = []
+                for name in m["runs"]:
+                    s = records[name]["sets"][row["set"]]
+                    keep, _ = exact_windows(s)
+                    hyps = set_outputs(records[name], row["set"])[decoding]["hypotheses"]
+                    refs = [s["references"][i] for i in keep]
+                    scores.append(sacrebleu.corpus_bleu([hyps[i] for i in keep], [refs]).score)
+                means.append(f"{sum(scores) / len(scores):.1f}")
+            printed = [
+                [c.split(" ")[0] for c in cells[2 : 2 + len(means)]]
+                for table in tables
+                for label, rows in _printed_cells(table, "model").items()
+                if label.startswith(f"{key}:")
+                for cells in rows
+            ]
+            assert means in printed, (decoding, key, means, printed)
+            checked += len(means)
+    assert checked >= 3 * 5  # at least the headline decoding: three models at five k

@@ -5,16 +5,17 @@
     record = read_record(Path("records/bahdanau_seed1.json.gz"))     # version 1 or 2
     run = StudyRun.of(record)                          # what nmt.study.summary computes with
 
-Run directories do not outlive a working session; records do, and every table, plot and test of a study is
-built from records alone, so records made on different days and machines combine. A record holds: the
-resolved training config; what trained it (commit, CPU, torch: `provenance`, from the checkpoint), when it
-ended, and what made the record; the settings that broke exactness when it was resumed with
+Run directories (checkpoints, hundreds of MB) are scratch; records are what a study keeps, and every table, plot
+and test of a study is built from records alone, so records made on different days and machines combine. A record
+holds: the resolved training config; what trained it (commit, CPU, torch: `provenance`, from the checkpoint), when
+it ended, and what made the record; the settings that broke exactness when it was resumed with
 trainer.resume_changes=allow (`resumed_with_changes`, nmt.resume; empty for an exact run); wall time, steps,
-epochs, the chosen checkpoint's validation score and step, the validation learning curve; the split's
-resampling units (Bible chapters; else each pair is its own unit); the split's overlap with the training
-text; one long input's attention weights (greedy); and for the study's split and each of its windows
-`<split>_k<k>`: the references (with their sha256), the source words, the window sizes and the pairs left
-out, and the detokenized hypotheses of every decoding.
+epochs, why training ended (`stopped_by`: early_stopping where validation BLEU's plateau ended it), every
+validation's BLEU (`validations`, absent from older records), the chosen checkpoint's validation score and step,
+the validation learning curve by length; the split's resampling units (Bible chapters; else each pair is its own
+unit); the split's overlap with the training text; one long input's attention weights (greedy); and for the study's
+split and each of its windows `<split>_k<k>`: the references (with their sha256), the source words, the window
+sizes and the pairs left out, and the detokenized hypotheses of every decoding.
 
 Version 2 (this one) decodes several ways: `decodings` maps a name (`greedy`, `beam5`: decoding_name) to its
 settings, and each set's `outputs` maps the same names to {hypotheses, bleu, chrf, ter}. Version 1 records
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import DataError
-from nmt.study.runs import RunInfo, learning_curve
+from nmt.study.runs import RunInfo, learning_curve, validation_curve
 from nmt.study.stats import Output
 
 FORMAT = "nmt-study-record"
@@ -175,6 +176,8 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
         "steps": info.step,
         "epochs": info.epoch,
         "finished": info.finished,
+        "stopped_by": info.stopped_by,  # early_stopping: validation BLEU's plateau (trainer.patience) ended it
+        "validations": validation_curve(info.history),
         "resumed_with_changes": info.resumed_with_changes,  # [] unless resumed with trainer.resume_changes=allow
         "best": info.best,
         "learning_curve": learning_curve(info.history),

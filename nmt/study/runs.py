@@ -42,6 +42,8 @@ class RunInfo:
     trained_at: str  # when training ended (metrics.json, else the last checkpoint), UTC, e.g. 2026-12-04T05:43Z
     # the settings that broke exactness when the run was resumed with trainer.resume_changes=allow (nmt.resume)
     resumed_with_changes: list[str] = field(default_factory=list)
+    # why training ended (metrics.json's stopped_by: early_stopping, max_epochs, max_steps, ...); None unfinished
+    stopped_by: str | None = None
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -100,9 +102,12 @@ def read_run_dir(path: Path) -> RunInfo:
         "train_minutes": round(float(payload.get("elapsed", 0.0)) / 60, 2),
     }
     metrics = path / "metrics.json"  # the finished run's own summary (its epoch count includes the last)
+    stopped_by = None
     if metrics.is_file():
         try:
-            done.update({k: v for k, v in json.loads(metrics.read_text()).items() if k in done})
+            summary = json.loads(metrics.read_text())
+            done.update({k: v for k, v in summary.items() if k in done})
+            stopped_by = summary.get("stopped_by")
         except (OSError, ValueError):
             log.warning("%s: unreadable; using the checkpoint's step and epoch", metrics)
     chosen = best.get("best") or {}
@@ -122,7 +127,13 @@ def read_run_dir(path: Path) -> RunInfo:
         dict(best.get("provenance") or {}),
         datetime.fromtimestamp(ended, timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
         changed,
+        stopped_by,
     )
+
+
+def validation_curve(history: Sequence[dict]) -> list[list]:
+    """Every validation of the training: [[step, epoch, BLEU], ...] (BLEU on the split that chose best.pt)."""
+    return [[h["step"], h.get("epoch"), h.get("bleu")] for h in history if h.get("kind") == "valid"]
 
 
 def learning_curve(history: Sequence[dict]) -> dict:

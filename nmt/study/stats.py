@@ -103,9 +103,9 @@ def combine(deltas: Sequence[float], ps: Sequence[Fraction]) -> dict:
     (intersection-union), "seeds_agree": every difference has the same, non-zero sign}."""
     agree = all(d > 0 for d in deltas) or all(d < 0 for d in deltas)
     return {
-        "delta": round(float(np.mean(deltas)), 2),
-        "deltas": [round(float(d), 2) for d in deltas],
-        "ci_seeds": _rounded(t_interval(deltas), 2),
+        "delta": float(np.mean(deltas)),
+        "deltas": [float(d) for d in deltas],
+        "ci_seeds": _pair(t_interval(deltas)),
         "p_seeds": [float(p) for p in ps],
         "p": float(max(ps)),
         "seeds_agree": agree,
@@ -175,8 +175,9 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
     return float(v.mean()) - half, float(v.mean()) + half
 
 
-def _rounded(interval: tuple[float, float] | None, digits: int) -> list[float] | None:
-    return None if interval is None else [round(interval[0], digits), round(interval[1], digits)]
+def _pair(interval: tuple[float, float] | None) -> list[float] | None:
+    """An interval as study.json stores it: unrounded (a table rounds once, when it prints)."""
+    return None if interval is None else [float(interval[0]), float(interval[1])]
 
 
 # -------------------------------------------------------------------------------------------- the cells
@@ -184,19 +185,19 @@ def seed_cell(outputs: Sequence[Output], weights: np.ndarray) -> dict:
     """A model's BLEU on one set, one Output per seed: {"bleu": the seeds' mean, "seeds", "seed_bleu",
     "ci_seeds": t-interval over the seeds (None for one), "ci_test": the seed mean's percentile interval over
     the draws `weights`, "low"/"high": the row's interval (ci_seeds, or ci_test for one seed), "interval":
-    which} (2 decimals)."""
+    which}, unrounded."""
     per_seed = [o.bleu() for o in outputs]
     over_seeds = t_interval(per_seed)
     over_test = percentile_interval(np.mean([bleu_draws(o.stats, weights) for o in outputs], 0))
     low, high = over_seeds or over_test
     return {
-        "bleu": round(float(np.mean(per_seed)), 2),
+        "bleu": float(np.mean(per_seed)),
         "seeds": len(outputs),
-        "seed_bleu": [round(b, 2) for b in per_seed],
-        "ci_seeds": _rounded(over_seeds, 2),
-        "ci_test": _rounded(over_test, 2),
-        "low": round(low, 2),
-        "high": round(high, 2),
+        "seed_bleu": [float(b) for b in per_seed],
+        "ci_seeds": _pair(over_seeds),
+        "ci_test": _pair(over_test),
+        "low": float(low),
+        "high": float(high),
         "interval": "seeds" if over_seeds else "test",
     }
 
@@ -251,10 +252,12 @@ def interaction(
     undefined = int((~defined).sum())
     enough = undefined <= (1 - LEVEL) / 2 * differences.size
     return {
-        "difference": round(float(np.mean(per_seed)), 3),
-        "per_seed": [round(float(d), 3) for d in per_seed],
-        "ci_seeds": _rounded(t_interval(per_seed), 3),
-        "ci_test": _rounded(percentile_interval(differences[defined]), 3) if enough else None,
+        "ratio": float(np.mean(sys_point)),  # the system's and the baseline's mean ratio over these seed pairs
+        "base_ratio": float(np.mean(base_point)),
+        "difference": float(np.mean(per_seed)),
+        "per_seed": [float(d) for d in per_seed],
+        "ci_seeds": _pair(t_interval(per_seed)),
+        "ci_test": _pair(percentile_interval(differences[defined])) if enough else None,
         "draws_undefined": undefined,
         "seeds": len(system),
     }

@@ -62,8 +62,9 @@ def decodings_in_order(runs: Sequence[StudyRun]) -> list[str]:
     return [common[0], *(d for d in names if d != common[0])]
 
 
-def _mean(values: Sequence[float], digits: int = 2) -> float:
-    return round(float(np.mean(values)), digits)
+def _mean(values: Sequence[float]) -> float:
+    """Unrounded, as every figure in study.json: a table rounds once, when it prints."""
+    return float(np.mean(values))
 
 
 def model_row(key: str, members: list[StudyRun], decoding: str, sets: list, weights: dict, trained_k: int) -> dict:
@@ -75,7 +76,7 @@ def model_row(key: str, members: list[StudyRun], decoding: str, sets: list, weig
                 "k": s["k"],
                 "set": name,
                 "n": len(outs[0].references),
-                "source_words": _mean(outs[0].words, 1),
+                "source_words": _mean(outs[0].words),
                 "trained": s["k"] <= trained_k,
                 **seed_cell(outs, weights[name]),
             }
@@ -90,9 +91,9 @@ def model_row(key: str, members: list[StudyRun], decoding: str, sets: list, weig
         "seed_list": [r.seed for r in members],
         "runs": [r.name for r in members],
         "parameters": first.record["parameters"],
-        "steps": _mean([r.record["steps"] for r in members], 0),
-        "epochs": _mean([r.record["epochs"] for r in members], 1),
-        "train_minutes": _mean([r.record["train_minutes"] for r in members], 1),
+        "steps": _mean([r.record["steps"] for r in members]),
+        "epochs": _mean([r.record["epochs"] for r in members]),
+        "train_minutes": _mean([r.record["train_minutes"] for r in members]),
         "chrf": _mean([set_outputs(r.record, sets[0][0])[decoding]["chrf"] for r in members]),
         "bleu_by_k": {str(row["k"]): row["bleu"] for row in by_k},
         "by_k": by_k,
@@ -115,8 +116,8 @@ def decoding_results(runs: Sequence[StudyRun], decoding: str, layout: dict, sett
         elif top:
             per_seed = [ratio(p, blocks[0]) for p in pairs.values()]
             interval = t_interval(per_seed)
-            m.update(ratio_k=layout["k_top"], ratio=_mean(per_seed, 3), ratio_seeds=[round(x, 3) for x in per_seed])
-            m["ratio_ci_seeds"] = [round(x, 3) for x in interval] if interval else None
+            m.update(ratio_k=layout["k_top"], ratio=_mean(per_seed), ratio_seeds=[float(x) for x in per_seed])
+            m["ratio_ci_seeds"] = [float(x) for x in interval] if interval else None
         if baseline is None or members is baseline:
             continue
         base_by_seed = {str(r.seed): r for r in baseline}
@@ -174,7 +175,7 @@ def study_layout(runs: Sequence[StudyRun], settings, notes: list[str]) -> dict:
             "n": len(starts[name]),
             "left_out": None if n_pairs is None else n_pairs - s["k"] * len(starts[name]),
             "units": int(clusters[name].max()) + 1,
-            "source_words": _mean(runs[0].outputs[decodings[0]][name].words, 1),
+            "source_words": _mean(runs[0].outputs[decodings[0]][name].words),
             "trained": s["k"] <= trained_k,
         }
         for name, s in sets
@@ -203,13 +204,14 @@ def run_row(run: StudyRun) -> dict:
         "seed": run.seed,
         "decodings": list(run.outputs),
         "bleu_by_k": {
-            dec: {str(r["sets"][name]["k"]): round(o.bleu(), 2) for name, o in sets.items()}
+            dec: {str(r["sets"][name]["k"]): float(o.bleu()) for name, o in sets.items()}
             for dec, sets in run.outputs.items()
         },
         "train_minutes": r["train_minutes"],
         "trained_at": r.get("trained_at"),
         "steps": r["steps"],
         "epochs": r["epochs"],
+        "stopped_by": r.get("stopped_by"),  # None in records made before it was kept
         "best": r["best"],
         "finished": r["finished"],
         "cpu": made.get("cpu_model") or f"{r['recorded_by'].get('cpu_model')} (recorded there; training's not stored)",

@@ -98,19 +98,18 @@ def paired_markdown(summary: dict, decoding: str | None = None) -> str:
 
 
 def interaction_markdown(summary: dict, decoding: str | None = None) -> str:
-    """A row per tested model: its ratio, none's, the difference with its 95% intervals over the seeds (t)
-    and over draws of the test set's blocks."""
+    """A row per tested model: its ratio and none's over the same seed pairs, the difference with its 95%
+    intervals over the seeds (t) and over draws of the test set's blocks."""
     res = _results(summary, decoding)
     if not res["interaction"]:
         return ""
-    base = res["models"].get("none", {})
     lines = [
         "| model | seed pairs | ratio | none's ratio | difference | 95% over seeds (t) | 95% over test blocks |",
         "|---|---:|---:|---:|---:|---|---|",
     ]
     for key, x in res["interaction"].items():
         lines.append(
-            f"| {key} | {x['seeds']} | {num(res['models'][key].get('ratio'), 3)} | {num(base.get('ratio'), 3)} | "
+            f"| {key} | {x['seeds']} | {num(x['ratio'], 3)} | {num(x['base_ratio'], 3)} | "
             f"{x['difference']:+.3f} | {_interval(x['ci_seeds'])} | {_interval(x['ci_test'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -138,8 +137,9 @@ def length_markdown(summary: dict, decoding: str | None = None) -> str:
 
 def runs_markdown(summary: dict) -> str:
     lines = [
-        "| run | seed | BLEU by k | training | ended (UTC) | steps | best step | CPU | torch | commit | precision |",
-        "|---|---:|---|---:|---|---:|---:|---|---|---|---|",
+        "| run | seed | BLEU by k | training | ended (UTC) | steps | best step | stopped by | CPU | torch | commit | "
+        "precision |",
+        "|---|---:|---|---:|---|---:|---:|---|---|---|---|---|",
     ]
     for r in summary["runs"]:
         by_k = "; ".join(
@@ -149,7 +149,8 @@ def runs_markdown(summary: dict) -> str:
         commit = (r["commit"] or "-")[:12]
         lines.append(
             f"| {r['name']} | {r['seed']} | {by_k} | {r['train_minutes']:.1f} min | {r.get('trained_at') or '-'} | "
-            f"{r['steps']} | {r['best'].get('step')} | {r['cpu']} | {r['torch']} | {commit} | {r['precision']} |"
+            f"{r['steps']} | {r['best'].get('step')} | {r.get('stopped_by') or '-'} | {r['cpu']} | {r['torch']} | "
+            f"{commit} | {r['precision']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -211,4 +212,65 @@ def pairs_findings_markdown(studies: dict[str, dict]) -> str:
                     f"| {pair} | {decoding_text(dec)} | {key} | {seeds} | " + " | ".join(inter) + " | "
                     f"{format_p(worst, B)}; {sig} of {len(cells)} k |"
                 )
+    return "\n".join(lines) + "\n"
+
+
+def training_markdown(studies: dict[str, dict]) -> str:
+    """How each model of each study trained, from its runs' records: seeds, steps, epochs and minutes of
+    training (least-most over the seeds), and what stopped them (e.g. "early_stopping 5 of 5")."""
+    lines = [
+        "| pair | model | seeds | steps | epochs | training minutes | stopped by |",
+        "|---|---|---:|---|---|---|---|",
+    ]
+
+    def span(values: list[float], digits: int = 0) -> str:
+        low, high = min(values), max(values)
+        return f"{low:.{digits}f}" if low == high else f"{low:.{digits}f}-{high:.{digits}f}"
+
+    for pair, summary in studies.items():
+        by_model: dict[str, list[dict]] = {}
+        for r in summary["runs"]:
+            by_model.setdefault(r.get("attention") or r["name"], []).append(r)
+        for attention, runs in by_model.items():
+            reasons: dict[str, int] = {}
+            for r in runs:
+                reasons[r.get("stopped_by") or "not recorded"] = (
+                    reasons.get(r.get("stopped_by") or "not recorded", 0) + 1
+                )
+            stopped = ", ".join(f"{why} {n} of {len(runs)}" for why, n in reasons.items())
+            lines.append(
+                f"| {pair} | {attention} | {len(runs)} | {span([r['steps'] for r in runs])} | "
+                f"{span([r['epochs'] for r in runs])} | {span([r['train_minutes'] for r in runs], 2)} | {stopped} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def budget_markdown(pairs: dict[str, tuple[dict, dict]], decoding: str = "greedy") -> str:
+    """The same study at two training budgets, a row per language pair and model: seeds, the share of its k=1
+    BLEU each model keeps at k=K, the interaction against none (difference [95% t-interval over the seeds]),
+    mean training steps and minutes. `pairs`: {pair: (first budget's study.json dict, second's)}."""
+    lines = [
+        "| pair | model | seeds | k=1 BLEU | k=K / k=1 | ratio minus none's [95% over seeds] | steps | minutes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def both(a: dict | None, b: dict | None, cell) -> str:
+        return " -> ".join(cell(x) if x else "-" for x in (a, b))
+
+    for pair, (first, second) in pairs.items():
+        res = [s["results"].get(decoding) or {"models": {}, "interaction": {}} for s in (first, second)]
+        keys = list(dict.fromkeys([*res[0]["models"], *res[1]["models"]]))
+        for key in keys:
+            ms = [r["models"].get(key) for r in res]
+            xs = [r["interaction"].get(key) for r in res]
+            inter = both(*xs, lambda x: f"{x['difference']:+.3f} {_interval(x['ci_seeds'])}") if any(xs) else "-"
+            cells = [
+                both(*ms, lambda m: str(m["seeds"])),
+                both(*ms, lambda m: f"{m['by_k'][0]['bleu']:.1f}"),
+                both(*ms, lambda m: num(m.get("ratio"))),
+                inter,
+                both(*ms, lambda m: num(m.get("steps"), 0)),
+                both(*ms, lambda m: num(m.get("train_minutes"), 1)),
+            ]
+            lines.append(f"| {pair} | {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
