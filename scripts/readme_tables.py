@@ -26,7 +26,13 @@ import json
 import sys
 from pathlib import Path
 
-from nmt.study.tables import decoding_text, pairs_findings_markdown, pairs_markdown
+from nmt.study.tables import (
+    budget_markdown,
+    decoding_text,
+    pairs_findings_markdown,
+    pairs_markdown,
+    training_markdown,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -47,7 +53,17 @@ STUDIES = {
         "nmt-study SWEEP --output docs/study/caption_windows_fr",
     ),
 }
+# language pair -> (the study at 9 epochs, the study trained to validation BLEU's plateau): docs/study.md's budget
+# section. While the converged records accumulate they live under docs/study/converged/; once complete they become
+# the studies above and the 9-epoch ones move beside them as <study>_9epochs.
+BUDGETS = {
+    pair: (STUDY_DIR / f"{name}_9epochs" / "study.json", STUDY_DIR / name / "study.json")
+    if (STUDY_DIR / f"{name}_9epochs").is_dir()
+    else (STUDY_DIR / name / "study.json", STUDY_DIR / "converged" / name / "study.json")
+    for pair, name in (("de -> en", "caption_windows"), ("fr -> en", "caption_windows_fr"))
+}
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+BUDGET_BEGIN, BUDGET_END = "<!-- study-budget:begin -->", "<!-- study-budget:end -->"
 STUDY_BEGIN, STUDY_END = "<!-- study-tables:begin -->", "<!-- study-tables:end -->"
 SAME_RUN, SAME_STUDY = "the same run", "the same study"
 
@@ -275,8 +291,36 @@ def render_study(studies: dict[str, tuple[Path, str]] | None = None, every_decod
     decodings = list(dict.fromkeys(d for s in found.values() for d in s["results"])) if every_decoding else [None]
     for decoding in decodings:
         lines += [pairs_markdown(found, decoding)]
-    lines += [pairs_findings_markdown(found), STUDY_END]
+    lines += [pairs_findings_markdown(found)]
+    if every_decoding:
+        lines += ["How each model's runs trained (from their records):", "", training_markdown(found)]
+    lines += [STUDY_END]
     return "\n".join(lines)
+
+
+def render_budget(budgets: dict[str, tuple[Path, Path]] | None = None) -> str:
+    """docs/study.md's budget block (markers included): each pair's study at 9 epochs beside the same study
+    trained to its plateau, both decodings; a pair whose converged study.json does not exist yet is named."""
+    found, missing = {}, []
+    for pair, (nine, converged) in (budgets or BUDGETS).items():
+        if nine.is_file() and converged.is_file():
+            found[pair] = tuple(json.loads(p.read_text(encoding="utf-8")) for p in (nine, converged))
+        else:
+            missing.append(pair)
+    lines = [
+        BUDGET_BEGIN,
+        "<!-- written by scripts/readme_tables.py from both budgets' study.json; edit those, not these tables -->",
+        "",
+    ]
+    for decoding in ("greedy", "beam5"):
+        if any(decoding in s["results"] for pair in found.values() for s in pair):
+            lines += [f"{decoding_text(decoding)}, 9 epochs -> to the plateau:", "", budget_markdown(found, decoding)]
+    if missing:
+        lines += [
+            "No converged study yet for " + ", ".join(missing) + " (its records go to docs/study/converged/).",
+            "",
+        ]
+    return "\n".join([*lines, BUDGET_END])
 
 
 def replace_block(text: str, block: str, begin: str = BEGIN, end_marker: str = END, required: bool = True) -> str:
@@ -295,6 +339,7 @@ def rewritten(readme: str, doc: str, benchmark: Path, studies: dict | None) -> t
     readme = replace_block(readme, render(benchmark, studies))
     readme = replace_block(readme, render_study(studies), STUDY_BEGIN, STUDY_END, required=False)
     doc = replace_block(doc, render_study(studies, every_decoding=True), STUDY_BEGIN, STUDY_END, required=False)
+    doc = replace_block(doc, render_budget(), BUDGET_BEGIN, BUDGET_END, required=False)
     return readme, doc
 
 
