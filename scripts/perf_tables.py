@@ -22,11 +22,13 @@ BENCH_DIR = ROOT / "docs" / "benchmark"
 # OpenNMT-py's recipe (../shared/peers/opennmt_rnn.yaml) sets no precision: it trains and decodes in fp32
 PEER = {"opennmt": ("OpenNMT-py 3.5.1", "fp32"), "joeynmt": ("JoeyNMT 2.3.0", "fp32")}
 # nmt.device.cpu_kind's kinds, most common first; a kind without a committed run gets a row saying so
+# (a run with `device=cuda` is a CUDA row whatever its CPU)
 KINDS = {
-    "AVX2": "AVX2, no AVX-512, no bf16 hardware",
-    "AVX512": "AVX-512 without BF16",
-    "AVX512_BF16": "AVX-512 with BF16, no AMX",
+    "AVX2": "no AVX-512, no bf16 hardware",
+    "AVX512": "without BF16",
+    "AVX512_BF16": "no AMX",
     "AMX": "an Intel Xeon with AMX",
+    "CUDA": "a GPU, `device=cuda`",
 }
 
 
@@ -47,7 +49,10 @@ def precision(bench: dict) -> str:
 
 
 def kind_of(bench: dict) -> str:
-    """The row's kind: the CPU's, or 'AVX2, emulated on <kind>' for a run under --emulate-avx2."""
+    """The row's kind: CUDA for a run on a GPU, else the CPU's, or 'AVX2, emulated on <kind>' for a run under
+    --emulate-avx2."""
+    if str(bench.get("device") or "cpu").startswith("cuda"):
+        return "CUDA"
     machine = bench["machine"]
     if machine.get("emulated"):
         return f"{str(machine['emulated']).upper()}, emulated on {machine.get('cpu_kind')}"

@@ -61,13 +61,19 @@ def test_one_row_per_kind_and_precision_the_newest_run_and_the_range(tmp_path):
     _run(AVX2, tmp_path, "train_multi30k_fp32_emu.json", "2026-01-20T00:00:00", 170.0, 100.0, emulated="avx2")
     table = perf.by_kind_block(tmp_path)
     rows = {line.split(" | ")[0].strip("| ").split(" (")[0]: line for line in table.splitlines()[2:]}
-    assert set(rows) == {"AVX2", "AVX512", "AVX512_BF16", "AMX", "AVX2, emulated on AVX2"}
+    assert set(rows) == {"AVX2", "AVX512", "AVX512_BF16", "AMX", "CUDA", "AVX2, emulated on AVX2"}
     assert "150.0 / 100.0: **1.50x**" in rows["AVX2"] and "2 runs: 1.20-1.50x" in rows["AVX2"]
     assert perf.rel(old) in rows["AVX2"] and perf.rel(new) in rows["AVX2"]  # both files cited
     assert "| fp32 / fp32 (OpenNMT-py" in rows["AVX2"]
     assert "| bf16 / fp32 (OpenNMT-py" in rows["AVX512_BF16"] and "**3.00x**" in rows["AVX512_BF16"]
     assert "not measured" in rows["AVX512"] and "not measured" in rows["AMX"]
     assert "not a real machine of that kind" in rows["AVX2, emulated on AVX2"]
+    assert "not measured" in rows["CUDA"]
+    gpu = json.loads((tmp_path / "train_multi30k_bf16_bf16-b.json").read_text(encoding="utf-8"))
+    gpu["device"] = "cuda"
+    (tmp_path / "train_multi30k_bf16_gpu.json").write_text(json.dumps(gpu), encoding="utf-8")
+    cuda = next(line for line in perf.by_kind_block(tmp_path).splitlines() if line.startswith("| CUDA"))
+    assert "| bf16 / fp32" in cuda and "not measured" not in cuda  # a run on a GPU is the CUDA row, not its CPU's
 
 
 def test_the_avx2_claims_hold_for_the_committed_runs():
