@@ -10,8 +10,10 @@ keeps when.
 
 from __future__ import annotations
 
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -46,11 +48,33 @@ def pending(name: str) -> bool:
     return name in PENDING or name.startswith(PENDING_FOLDERS)
 
 
+def prose(text: str) -> str:
+    """Python source with everything but its comments and string literals blanked (same lines and columns), so
+    that a variable named `paired` is not prose; the text itself where it does not tokenize."""
+    lines = text.splitlines(keepends=True)
+    kept = [re.sub(r"[^\n]", " ", line) for line in lines]
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text
+    for token in tokens:
+        if token.type not in (tokenize.COMMENT, tokenize.STRING):
+            continue
+        (row, col), (end_row, end_col) = token.start, token.end
+        for r in range(row, end_row + 1):
+            line = lines[r - 1]
+            a = col if r == row else 0
+            b = end_col if r == end_row else len(line.rstrip("\n"))
+            kept[r - 1] = kept[r - 1][:a] + line[a:b] + kept[r - 1][b:]
+    return "".join(kept)
+
+
 def narration(name: str, text: str) -> list[str]:
     """'path:line: the line' for every line of `text` that narrates a working period (a phrase may run on to
-    the next line: the text is searched with its line breaks as spaces)."""
+    the next line: the text is searched with its line breaks as spaces; in Python, its comments and strings)."""
     suffix = Path(name).suffix
-    plain = API_NAMES.sub(lambda m: " " * len(m[0]), text).replace("\n", " ")
+    searched = API_NAMES.sub(lambda m: " " * len(m[0]), text)
+    plain = (prose(searched) if suffix == ".py" else searched).replace("\n", " ")
     patterns = [SESSION, PAIRED, THROWAWAY, HISTORY_DATE]
     if suffix in CODE and not name.startswith("tests/"):
         patterns.append(ANY_DATE)
@@ -82,6 +106,7 @@ def test_the_patterns_tell_narration_from_statistics_and_api_names():
         "a checkpoint repaired from last.pt",
     ]
     assert not any(narration("doc.md", line) for line in fine), [narration("doc.md", line) for line in fine]
+    assert not narration("nmt/x.py", "paired = {}\nfor key in paired:\n    paired[key] = 1\n")  # a variable
     assert not narration("tests/test_x.py", 'trained_at = "2026-12-05T10:00Z"')  # a test's fixture data
 
 
