@@ -88,3 +88,29 @@ def test_no_file_records_a_machines_paths():
 def test_the_cited_names_are_found_as_pages_write_them(tmp_path):
     assert _expand("benchmark/a_{x,y}.json") == ["benchmark/a_x.json", "benchmark/a_y.json"]
     assert "docs/benchmark/train_multi30k_fp32_avx2-epyc.json" in cited()  # named in performance.md's table
+
+
+def test_relative_paths_rewrites_a_machines_record(tmp_path):
+    """scripts/relative_paths.py makes a fresh report committable: what this test forbids, it rewrites."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("relative_paths", ROOT / "scripts" / "relative_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    report = {
+        "command": "/srv/a/.venv/bin/python /work/wt/scripts/benchmark.py --data /data/shared/m --work /tmp/b1 "
+        "--out /tmp/b1.json",
+        "decode": {"checkpoint": "/tmp/b1/run/checkpoints/last.pt", "process": ["/home/u/.venv/bin/nmt-translate"]},
+        "data": "/data/shared/m",
+        "note": "an AMD EPYC, 2 threads",
+    }
+    path = tmp_path / "train_multi30k_fp32_x.json"
+    path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    assert module.main([str(path), "--shared", "/data/shared"]) == 0
+    out = json.loads(path.read_text(encoding="utf-8"))
+    assert out["command"] == (
+        "python scripts/benchmark.py --data ../shared/m --work WORK --out train_multi30k_fp32_x.json"
+    )
+    assert out["decode"] == {"checkpoint": "WORK/run/checkpoints/last.pt", "process": ["nmt-translate"]}
+    assert out["data"] == "../shared/m" and out["note"] == report["note"]
+    assert not [s for s in _strings(out) if MACHINE_PATH.search(s)]
