@@ -3,7 +3,7 @@
 Training batches come in many shapes (exact-length source buckets, varying target lengths), so every step
 allocates and frees tensors of sizes the last step never used, and oneDNN compiles a kernel for each new matmul
 shape. With glibc's and oneDNN's defaults the heap fragments around long-lived allocations and kernels are
-compiled again and again. The settings (docs/performance.md, "Memory", lists them with the measurements):
+compiled again and again. The settings (docs/performance.md, "Memory", lists them for users):
 
 - ONEDNN_PRIMITIVE_CACHE_CAPACITY=4096: room for every compiled bf16 kernel an epoch meets, so that a kernel
   evicted by other shapes is not compiled again when its batch comes back;

@@ -15,6 +15,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PERFORMANCE = ROOT / "docs" / "performance.md"
 README = ROOT / "README.md"
@@ -140,3 +142,32 @@ def test_the_readme_shows_a_newcomer_their_data_a_gpu_and_the_threads():
     first = text[text.index("## A first run") : text.index("## Your own data")]
     assert "first-run:begin" in first and not re.search(r"\b20\d\d-\d\d-\d\d\b", first.split("first-run:begin")[0])
     assert "/work/" not in text and "/tmp/" not in text
+
+
+@pytest.mark.slow  # two nmt processes and a pytest: seconds on a quiet machine, minutes on a busy one
+def test_first_run_and_suite_time_write_what_the_blocks_read(tmp_path):
+    """scripts/first_run.py runs nmt-train and nmt-translate for real (here the quick preset for 3 steps) and
+    scripts/suite_time.py runs pytest: each JSON has what perf_tables' block reads from it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "first_run_quick.json"
+    overrides = ["experiment=quick", "data.train_size=300", "trainer.max_steps=3", "trainer.progress=false"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "first_run.py"), "--out", str(out), "--work", str(tmp_path / "w")]
+    done = subprocess.run([*cmd, "--sentence", "a b c", "--", *overrides], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(out.read_text(encoding="utf-8"))
+    assert run["command"] == "nmt-train " + " ".join(overrides) and run["steps"] == 3
+    assert run["translation"] and run["peak_rss_gib"] > 0 and run["machine"]["cpu_kind"]
+    assert run["threads"]["setting"] == "auto" and "/" not in run["command"]
+    suite = tmp_path / "test_suite_here.json"
+    args = ["-q", "-p", "no:xdist", "-o", "addopts=", "tests/test_narration.py", "-k", "patterns"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "suite_time.py"), "--out", str(suite), "--", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "1 passed" in json.loads(suite.read_text(encoding="utf-8"))["summary"]
+    perf = _module("perf_tables")
+    assert "3 steps" in perf.first_run_block(tmp_path) and "1 passed" in perf.suite_block(tmp_path)
