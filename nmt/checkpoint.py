@@ -159,7 +159,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
             f"{path}: not an nmt checkpoint (not a file written by torch.save); pass a checkpoint written by nmt-train"
         )
     try:
-        # torch's version string (a str subclass) is allowed: checkpoints of 2026-12-04 stored it unconverted
+        # torch's version string (a str subclass) is allowed: older checkpoints stored it unconverted
         with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
             data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:

@@ -1,46 +1,28 @@
 """Process-wide CPU memory settings: resident memory that stays bounded in training, speed in decoding.
 
-Training batches come in many shapes (exact-length source buckets, varying target lengths), so every
-step allocates and frees tensors of sizes the last step never used. With glibc's defaults, and with
-oneDNN caching a compiled kernel ("primitive") for each new matmul shape, a 12-minute run on the
-multi30k_deen preset grew to over 4 GiB resident while only ~0.9 GiB was in use: the heap fragmented
-around long-lived allocations (README, "Performance" names the measurements). The settings:
+Training batches come in many shapes (exact-length source buckets, varying target lengths), so every step
+allocates and frees tensors of sizes the last step never used, and oneDNN compiles a kernel for each new matmul
+shape. With glibc's and oneDNN's defaults the heap fragments around long-lived allocations and kernels are
+compiled again and again. The settings (docs/performance.md, "Memory", lists them for users):
 
-- ONEDNN_PRIMITIVE_CACHE_CAPACITY=4096: room for every compiled bf16 kernel that training meets. Each new
-  matmul shape costs a compilation of about 2.6 ms on an AMX CPU, and one epoch of the multi30k_deen
-  preset meets about 2,100 (exact-length batches have many shapes). With a smaller cache, kernels evicted
-  by other shapes are compiled again when their batch comes back: 1,024 (oneDNN's default; this setting
-  until 2026-12-01) trained 7% slower over three epochs, 256 (the setting before) slower again (README,
-  "The compiled-kernel cache");
-- LRU_CACHE_CAPACITY=128: the second cache of compiled kernels, ideep's (the oneDNN wrapper inside torch; its
-  default is 1,024 entries), which kept ~270 KiB more per matmul shape on top of oneDNN's own cache. 128
-  holds every shape one batch uses; a shape it has evicted is rebuilt from oneDNN's cache without compiling
-  (0 crashed torch 2.13 when tried: never set it to 0). On the multi30k_deen preset it cut the heap in use
-  after the first epoch from 1,064 to 792 MiB with no loss of speed measured (README, "The compiled-kernel cache");
+- ONEDNN_PRIMITIVE_CACHE_CAPACITY=4096: room for every compiled bf16 kernel an epoch meets, so that a kernel
+  evicted by other shapes is not compiled again when its batch comes back;
+- LRU_CACHE_CAPACITY=128: ideep's own kernel cache (inside torch), which otherwise keeps a copy per shape on
+  top of oneDNN's; 128 holds every shape one batch uses (0 crashes torch: never set it to 0);
 - glibc's mmap threshold fixed at 32 MiB and its trim threshold at 64 MiB (glibc otherwise moves both as the
-  program runs): tensors of 32 MiB and more that no free block of the heap can hold are mapped on their own and
-  returned when freed, smaller ones reuse the heap's pages or grow it. A lower threshold keeps less memory (4 MiB:
-  about 0.4 GiB less on the multi30k_deen preset) but every tensor above it is new memory whose pages fault in as
-  they are written, which cost 9% of the training speed when measured (README, "Where the memory went"). A higher
-  one keeps the fp32 logits of a batch and their gradient (~1,700 rows x 8,000 x 4 bytes, 54 MB each) in the heap:
-  128 / 256 MiB trained the multi30k_deen preset in fp32 at 133.2 against 132.0 sentences/s and 2,487 against
-  2,354 MiB peak (`python scripts/memory_trace.py --seconds 150`, 2-core AMD EPYC with AVX2 only, one run each,
-  2026-12-06), so the thresholds stay; training in fp32 on a CPU lowers the mmap threshold to 16 MiB
-  (`tune_for_fp32_training`, called by the Trainer), where the heap otherwise grew all run long;
-
-Not set: THP_MEM_ALLOC_ENABLE (torch's transparent huge pages for tensors of 2 MiB and more; one of these
-settings until 2026-12-02). torch then asks the kernel for huge pages on every large tensor, and where the
-kernel compacts memory to find them when asked (`defrag` = madvise, the default of many systems), a fresh
-tensor can wait tens of milliseconds for it: beam-5 decoding of test2016 by a fresh nmt-translate process took
-9.8-10.8 s with it against 6.3-6.4 s without, and training was as fast either way (README, "Huge pages"). A
-user's value still reaches torch.
+  program runs): large tensors that no free block can hold are mapped on their own and returned when freed,
+  smaller ones reuse the heap's pages. Lower keeps less memory but every tensor above it faults its pages in
+  anew; higher keeps fp32 logits in a heap that fragments. Training in fp32 on a CPU lowers the mmap threshold
+  to 16 MiB (`tune_for_fp32_training`, called by the Trainer);
+- not set: THP_MEM_ALLOC_ENABLE (torch's huge pages), because where the kernel compacts memory on request
+  (`defrag` = madvise) a fresh tensor can wait tens of milliseconds for its pages. A user's value still
+  reaches torch.
 
 The malloc itself: on Linux the commands run under tcmalloc (gperftools) where the system has it
-(`preload_malloc()`: the process starts again with it in LD_PRELOAD, before torch is loaded). glibc's heap
-keeps the pages of freed tensors of many sizes (0.55-0.78 GiB free but held at the peak on the
-multi30k_deen preset); tcmalloc reuses blocks by size class and returns free spans, and trained that preset
-17-33% faster at 1.41-1.44 GiB peak against 1.70-2.00 GiB (README, "Where the memory went"). NMT_MALLOC picks:
-auto (tcmalloc if found, else glibc), tcmalloc, jemalloc or glibc. Without tcmalloc nothing changes.
+(`preload_malloc()`: the process starts again with it in LD_PRELOAD, before torch is loaded): it reuses blocks
+by size class and returns free spans where glibc's heap keeps the pages of freed tensors of many sizes.
+NMT_MALLOC picks: auto (tcmalloc if found, else glibc), tcmalloc, jemalloc or glibc. Without tcmalloc nothing
+changes.
 
 The two cache sizes are read by oneDNN and ideep when they start, so `tune_allocator()` must run before torch
 is imported; the command-line entry points call it first (nmt/cli/__init__.py). Processes that only
@@ -107,17 +89,11 @@ def tune_for_fp32_training() -> dict[str, str]:
     """glibc's mmap threshold at FP32_MMAP_THRESHOLD, for a process that trains in fp32 on a CPU (the Trainer
     calls it; the same variables and switch as tune_allocator's leave it alone). Returns what it set.
 
-    There the heap fragmented as a run went on: the multi30k_deen preset on a 2-core AMD EPYC with AVX2 held
-    600-1,200 MiB of free heap after 180 steps (glibc's malloc_info: ~160 free blocks of 0.5-31 MiB between
-    blocks in use, the heap growing whenever a step's larger tensors fit none of them), for 400 MiB in use.
-    glibc maps a block on its own only when no free block of the heap can hold it, so with 16 MiB a step's larger
-    tensors (the inputs to the LSTM gates, the gradients of the embeddings and the output layer) still reuse
-    the heap's free blocks where one fits and are mapped instead of growing the heap where none does: the
-    resident memory after ~180 steps of 150 s runs
-    (scripts/memory_trace.py) was 1,043 MiB against 1,239, 1,527 and 1,770 in three runs at 32 MiB, at 125.8
-    sentences/s against 126.3-132.2 (this machine's runs differ by a few percent); per batch, paired in one
-    process over 40 batches, the steps took 1.005x as long. 8 MiB: 1.00x per batch and 915 MiB, but its one
-    whole run trained 117.9 sentences/s, so it is not taken.
+    In fp32 the heap fragmented as a run went on: free blocks of many sizes between blocks in use, and the heap
+    growing whenever a step's larger tensors fit none of them. glibc maps a block on its own only when no free
+    block of the heap can hold it, so at 16 MiB a step's larger tensors (the inputs to the LSTM gates, the
+    gradients of the embeddings and the output layer) still reuse free blocks where one fits and are mapped,
+    instead of growing the heap, where none does; lower thresholds cost speed in whole runs.
     Under bf16 autocast, whose speed was measured at 32 MiB, training keeps tune_allocator's settings."""
     if _switched_off():
         return {}

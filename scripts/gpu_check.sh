@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 49 on a GPU machine: today's code and the new side by side, the CUDA tests, and the GPU preset's BLEU.
+# On a GPU machine: a base version of the code and HEAD side by side, the CUDA tests, and the GPU preset's BLEU.
 #
 # A GPU machine (../shared/docs/gpu.md) has torch with CUDA but no package index and no ../shared: prepare here,
 # run there, one script each way.
@@ -7,7 +7,7 @@
 #   bash scripts/gpu_check.sh prepare [BASE]   # here: .device/ (git-ignored) with wheels, data and its cache
 #   bash scripts/gpu_check.sh run [STAGE ...]  # there, from the tree's root: writes $OUT/*.json (or .device/out)
 #
-# prepare builds wheels of today's code (BASE, default 4d8cc21: main when this work on issue 49 began) and of
+# prepare builds wheels of a base version (BASE, default 4d8cc21: the code before the per-device step) and of
 # HEAD (commit first: the wheel is built from HEAD, not from the working tree), downloads hydra-core, omegaconf
 # and antlr4 (a pure-Python wheel of each), copies the Multi30k files and prepares their SentencePiece cache, so
 # that neither code trains a tokenizer there (the cache is the same for both: nmt/data.py's key).
@@ -15,12 +15,12 @@
 #
 # run's stages, in this order by default, each writing its JSON as soon as it has it (so a run cut short by its
 # time limit keeps what it measured):
-#   steps  scripts/gpu_steps.py with today's code, then the new, at 2,000 and 16,000 tokens (about 4 minutes):
+#   steps  scripts/gpu_steps.py with the base version, then HEAD's, at 2,000 and 16,000 tokens (about 4 minutes):
 #          steps_base.json, steps_new.json (sentences/s, ms a step, kernel launches, GPU-busy fraction, memory)
-#   tests  python -m pytest -m cuda tests/test_cuda.py with the new code (sync debug mode "error" around steps):
+#   tests  python -m pytest -m cuda tests/test_cuda.py with HEAD's code (sync debug mode "error" around steps):
 #          tests.txt
 #   bleu   scripts/benchmark.py with experiment=multi30k_deen_gpu (150 s of training, greedy and beam 5 on
-#          test2016) with the new code (about 4 minutes): bleu_gpu_preset.json
+#          test2016) with HEAD's code (about 4 minutes): bleu_gpu_preset.json
 # A stage that fails is named in failures.txt and the next one runs. With the device tool (15 minutes of device
 # time, the machine's start included): command "bash scripts/gpu_check.sh run steps tests", carry [".device"],
 # timeout_s 420; then, if time is left, "bash scripts/gpu_check.sh run bleu" (timeout_s 360). Commit the JSON

@@ -1,8 +1,8 @@
 """python scripts/gpu_steps.py --label NAME [--tokens 2000 16000] [--steps 30] [--device cuda] [--out F] [-- K=V]
 
 Training steps of the `multi30k_deen` preset on a GPU, timed, counted and profiled, with whichever nmt is
-installed: scripts/gpu_check.sh runs it once with today's code and once with the new, side by side, in one
-session on one GPU (issue 49). It uses only what both have: the Trainer that nmt-train builds
+installed: scripts/gpu_check.sh runs it once with a base version of the code and once with the version under
+test, one after the other on the same GPU. It uses only what both versions have: the Trainer that nmt-train builds
 (nmt.cli.common.build_run) and its own step (`_train_step`) over the batches of epoch 0 in training's order.
 
     PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 scripts/gpu_steps.py --label new --out new.json \\
@@ -37,7 +37,7 @@ from nmt.data import collate
 
 
 class Count(TorchDispatchMode):
-    """Operators dispatched, and those that are views (defined here: today's code has no nmt.dispatch)."""
+    """Operators dispatched, and those that are views (defined here: a base version may have no nmt.dispatch)."""
 
     def __init__(self):
         super().__init__()

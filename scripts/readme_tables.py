@@ -1,21 +1,24 @@
-"""python scripts/readme_tables.py [--check] [--readme README.md] [--study-doc docs/study.md]
+"""python scripts/readme_tables.py [--check] [--readme README.md] [--study-doc docs/study.md] [--perf-doc ...]
 
-Writes the tables of figures from the committed JSON files, so that no figure in them is typed by hand:
-the README's results table (between `<!-- results:begin -->` and `<!-- results:end -->`) and the bottleneck
-study's tables of both language pairs side by side, in the README (compact) and in docs/study.md (every
-decoding), between `<!-- study-tables:begin -->` and `<!-- study-tables:end -->`:
+Writes the tables and figures of the docs from the committed JSON files, so that no figure in them is typed by
+hand: the README's results table (between `<!-- results:begin -->` and `<!-- results:end -->`), its first run and
+the suite's time, the bottleneck study's tables of both language pairs side by side, in the README (compact) and
+in docs/study.md (every decoding), between `<!-- study-tables:begin -->` and `<!-- study-tables:end -->`, and
+docs/performance.md's tables (scripts/perf_tables.py):
 
-    python scripts/readme_tables.py            # rewrite the tables in README.md and docs/study.md
-    python scripts/readme_tables.py --check    # exit 1 (and show the difference) when a table differs
+    python scripts/readme_tables.py            # rewrite every generated block
+    python scripts/readme_tables.py --check    # exit 1 (and show the difference) when a block differs
 
 Sources, each named in the table with the command that wrote it, the machine and the date:
-- docs/benchmark/benchmark.json (`python scripts/benchmark.py --peer opennmt`): training speed, test BLEU,
-  decoding time and peak memory, side by side with OpenNMT-py;
+- docs/benchmark/train_multi30k_fp32_avx2-epyc.json and train_multi30k_bf16_avx512bf16-epyc.json (`python
+  scripts/benchmark.py --peer opennmt`): training speed, test BLEU, decoding time and peak memory, side by side
+  with OpenNMT-py, nmt in fp32 and in bf16 (OpenNMT-py in fp32 in both);
 - docs/study/caption_windows/study.json (de -> en) and docs/study/caption_windows_fr/study.json (fr -> en)
   (`nmt-study`): BLEU by window size k, the share of its k=1 BLEU each model keeps, the interaction (a model's
   share minus the fixed vector's, with its 95% intervals over the seeds and over the test set) and the paired
   tests; the tables themselves are nmt.study.tables'. A study whose file does not exist is left out, with no
-  error; a page without the study markers gets no study table.
+  error; a page without the study markers gets no study table;
+- the other files under docs/benchmark/, as scripts/perf_tables.py says.
 """
 
 from __future__ import annotations
@@ -34,10 +37,18 @@ from nmt.study.tables import (
     training_markdown,
 )
 
+sys.path.insert(0, str(Path(__file__).parent))
+import perf_tables  # noqa: E402  (scripts/perf_tables.py: performance.md's tables, the first run, the suite)
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 STUDY_DOC = ROOT / "docs" / "study.md"
-BENCHMARK = ROOT / "docs" / "benchmark" / "benchmark.json"
+PERF_DOC = ROOT / "docs" / "performance.md"
+# the README's side-by-side runs: nmt in fp32 against OpenNMT-py in fp32, and nmt in bf16 against it
+BENCHMARKS = (
+    ROOT / "docs" / "benchmark" / "train_multi30k_fp32_avx2-epyc.json",
+    ROOT / "docs" / "benchmark" / "train_multi30k_bf16_avx512bf16-epyc.json",
+)
 STUDY_DIR = ROOT / "docs" / "study"
 # language pair -> (the study's JSON, how it was made: study.json cannot hold it, since a rebuild from its
 # records must write the same file wherever the runs were)
@@ -135,17 +146,20 @@ def ratio(ours: float, theirs: float) -> str:
 
 
 def benchmark_rows(bench: dict, path: Path) -> list[tuple[str, str, str]]:
-    """(result, figure, source) rows of a side-by-side run of scripts/benchmark.py."""
+    """(result, figure, source) rows of a side-by-side run of scripts/benchmark.py; the first row says in which
+    precision each side trained and decoded."""
     ours = bench["figures"]
     train, decode = bench["train"], bench["decode"]
     peer_name, peer = next(iter(bench.get("peers", {}).items()), (None, None))
     theirs = peer["figures"] if peer and peer.get("ok") else None
-    label = {"opennmt": "OpenNMT-py", "joeynmt": "JoeyNMT"}.get(peer_name, peer_name)
+    label, peer_precision = perf_tables.PEER.get(peer_name, (peer_name, "?"))
+    label = label.split(" ")[0] if label else label
     source = source_cell(
         command_text(bench["command"], path), machine_text(bench["machine"]), f"{bench['date'][:10]} ({_rel(path)})"
     )
     corpus = corpus_text(decode.get("corpus", "multi30k-de-en"))
     sentences = decode["beam5"]["sentences"]
+    precisions = f"nmt in {perf_tables.precision(bench)}" + (f" against {label} in {peer_precision}" if theirs else "")
 
     def vs(key: str, fmt: str, unit: str = "") -> str:
         if theirs is None:
@@ -156,7 +170,7 @@ def benchmark_rows(bench: dict, path: Path) -> list[tuple[str, str, str]]:
 
     rows = [
         (
-            f"training on {corpus}, {train['budget_seconds']:.0f} s (`experiment=multi30k_deen`, {train['amp']})",
+            f"training on {corpus}, {train['budget_seconds']:.0f} s (`experiment=multi30k_deen`), **{precisions}**",
             f"{vs('sentences_per_s', '{:.1f}', ' sentences/s')} ({train['steps']:,} steps, "
             f"{train['epochs']:.1f} epochs)",
             source,
@@ -257,12 +271,13 @@ def existing_studies(studies: dict[str, tuple[Path, str]] | None = None) -> dict
     return out
 
 
-def render(benchmark: Path = BENCHMARK, studies: dict[str, tuple[Path, str]] | None = None) -> str:
+def render(benchmarks: tuple[Path, ...] = BENCHMARKS, studies: dict[str, tuple[Path, str]] | None = None) -> str:
     """The results block (markers included), from the JSON files; a missing study file is left out."""
     rows = [
         row for study, path, command in existing_studies(studies).values() for row in study_rows(study, path, command)
     ]
-    rows += benchmark_rows(json.loads(benchmark.read_text(encoding="utf-8")), benchmark)
+    for benchmark in benchmarks:
+        rows += benchmark_rows(json.loads(benchmark.read_text(encoding="utf-8")), benchmark)
     lines = [
         BEGIN,
         "<!-- written by scripts/readme_tables.py from the JSON files it names; edit those, not this table -->",
@@ -330,17 +345,48 @@ def replace_block(text: str, block: str, begin: str = BEGIN, end_marker: str = E
     if start < 0 or end < start:
         if not required:
             return text
-        raise SystemExit(f"readme_tables: error: the markers {begin} ... {end_marker} are missing from the README")
+        raise SystemExit(f"readme_tables: error: the markers {begin} ... {end_marker} are missing from the page")
     return text[:start] + block + text[end + len(end_marker) :]
 
 
-def rewritten(readme: str, doc: str, benchmark: Path, studies: dict | None) -> tuple[str, str]:
+def marked(name: str) -> tuple[str, str]:
+    """The markers of a generated block: `<!-- NAME:begin (written by ...) -->` ... `<!-- NAME:end -->`."""
+    return f"<!-- {name}:begin (written by scripts/readme_tables.py from the JSON files it names) -->", (
+        f"<!-- {name}:end -->"
+    )
+
+
+def generated(name: str, text: str) -> str:
+    """A block of scripts/perf_tables.py between its markers (the begin marker says who writes it)."""
+    begin, end = marked(name)
+    return "\n".join([begin, text, end])
+
+
+# the blocks of scripts/perf_tables.py: page -> [(marker name, what writes it)]
+README_BLOCKS = (("first-run", perf_tables.first_run_block), ("suite-time", perf_tables.suite_block))
+PERF_BLOCKS = (
+    ("by-kind", perf_tables.by_kind_block),
+    ("busy", perf_tables.busy_block),
+    ("malloc", perf_tables.malloc_block),
+)
+
+
+def rewritten(readme: str, doc: str, benchmarks: tuple[Path, ...], studies: dict | None) -> tuple[str, str]:
     """README's and docs/study.md's texts with every table written anew."""
-    readme = replace_block(readme, render(benchmark, studies))
+    readme = replace_block(readme, render(benchmarks, studies))
     readme = replace_block(readme, render_study(studies), STUDY_BEGIN, STUDY_END, required=False)
+    for name, write in README_BLOCKS:
+        readme = replace_block(readme, generated(name, write()), *marked(name))
     doc = replace_block(doc, render_study(studies, every_decoding=True), STUDY_BEGIN, STUDY_END, required=False)
     doc = replace_block(doc, render_budget(), BUDGET_BEGIN, BUDGET_END, required=False)
     return readme, doc
+
+
+def rewritten_perf(perf: str) -> str:
+    """docs/performance.md with every block of scripts/perf_tables.py written anew."""
+    for name, write in PERF_BLOCKS:
+        perf = replace_block(perf, generated(name, write()), *marked(name))
+    return perf
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,11 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when a table differs; write nothing")
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--study-doc", type=Path, default=STUDY_DOC)
-    parser.add_argument("--benchmark", type=Path, default=BENCHMARK)
+    parser.add_argument("--perf-doc", type=Path, default=PERF_DOC)
     args = parser.parse_args(argv)
-    old = [args.readme.read_text(encoding="utf-8"), args.study_doc.read_text(encoding="utf-8")]
-    new = list(rewritten(*old, args.benchmark, None))
-    changed = [(path, a, b) for path, a, b in zip((args.readme, args.study_doc), old, new, strict=True) if a != b]
+    pages = (args.readme, args.study_doc, args.perf_doc)
+    old = [page.read_text(encoding="utf-8") for page in pages]
+    new = [*rewritten(old[0], old[1], BENCHMARKS, None), rewritten_perf(old[2])]
+    changed = [(path, a, b) for path, a, b in zip(pages, old, new, strict=True) if a != b]
     if args.check:
         for path, a, b in changed:
             sys.stdout.writelines(

@@ -1,7 +1,9 @@
-"""The README stays short, true and current: its results table and the study's tables (in the README and
-docs/study.md, both language pairs side by side) are what scripts/readme_tables.py writes from the committed
-JSON files, its install and test commands are the ones .ci/run runs, it cites no commit, and the docs paths it
-and the handbook cite exist.
+"""The README stays short, true and current: its results table, its first run, the suite's time and the study's
+tables (in the README and docs/study.md, both language pairs side by side), and docs/performance.md's tables, are
+what scripts/readme_tables.py writes from the committed JSON files; the README shows nmt in fp32 against
+OpenNMT-py in fp32 beside nmt in bf16 against it, and says so in the rows; a newcomer finds their own data, a GPU
+and the thread settings in it; its install and test commands are the ones .ci/run runs, it cites no commit and
+no machine's paths, and the docs paths it and the handbook cite exist.
 
     python -m pytest -q tests/test_readme.py
 """
@@ -22,6 +24,7 @@ CI = ROOT / ".ci" / "run"
 HANDBOOK = sorted((ROOT / "docs").glob("*.md"))
 # written by nmt-study into their own folders; until a folder is committed its paths are pending
 PENDING = ("docs/study/caption_windows", "docs/study/caption_windows_fr")
+PERFORMANCE = ROOT / "docs" / "performance.md"
 
 
 def _tables():
@@ -59,7 +62,7 @@ def test_the_results_table_is_what_the_script_writes():
     tables = _tables()
     text = README.read_text(encoding="utf-8")
     assert tables.replace_block(text, tables.render()) == text, "run python scripts/readme_tables.py"
-    assert tables.main(["--check"]) == 0  # the README's study tables and docs/study.md's too
+    assert tables.main(["--check"]) == 0  # the README's other blocks, docs/study.md's and performance.md's too
     for page in (README, ROOT / "docs" / "study.md"):  # both pages hold the study tables
         page_text = page.read_text(encoding="utf-8")
         assert page_text.count(tables.STUDY_BEGIN) == page_text.count(tables.STUDY_END) == 1, page.name
@@ -71,7 +74,7 @@ def test_a_figure_edited_by_hand_fails_the_check(tmp_path, capsys):
     shutil.copy(README, copy)
     text = copy.read_text(encoding="utf-8")
     block = text[text.index(tables.BEGIN) : text.index(tables.END)]
-    figure = json.loads((ROOT / "docs" / "benchmark" / "benchmark.json").read_text())["figures"]["bleu_beam5"]
+    figure = json.loads(tables.BENCHMARKS[1].read_text())["figures"]["bleu_beam5"]
     assert f"{figure:.2f}" in block  # the beam-5 BLEU of the side-by-side run is in the table ...
     copy.write_text(text.replace(block, block.replace(f"{figure:.2f}", f"{figure + 1:.2f}")), encoding="utf-8")
     assert tables.main(["--check", "--readme", str(copy)]) == 1  # ... and a hand-made change to it is caught
@@ -82,12 +85,26 @@ def test_a_figure_edited_by_hand_fails_the_check(tmp_path, capsys):
 
 def test_the_table_names_command_machine_and_date_and_skips_a_missing_study(tmp_path):
     tables = _tables()
-    bench = json.loads((ROOT / "docs" / "benchmark" / "benchmark.json").read_text())
     block = tables.render(studies={"de -> en": (tmp_path / "absent.json", "nmt-study x")})
     assert "bottleneck study" not in block and "interaction" not in block
     assert "No study has been committed yet" in tables.render_study({"de -> en": (tmp_path / "absent.json", "")})
-    assert tables.command_text(bench["command"], tables.BENCHMARK) in block
-    assert bench["machine"]["cpu_model"] in block and bench["date"][:10] in block
+    for path in tables.BENCHMARKS:
+        bench = json.loads(path.read_text())
+        assert tables.command_text(bench["command"], path) in block
+        assert bench["machine"]["cpu_model"] in block and bench["date"][:10] in block
+
+
+def test_the_readme_compares_fp32_with_fp32_beside_bf16_with_fp32_and_says_so():
+    """A ratio of nmt in bf16 against OpenNMT-py in fp32 is partly the precision: each training row names both
+    sides' precision, and the README has the like-for-like fp32 row beside the bf16 one."""
+    tables = _tables()
+    block = tables.render()
+    rows = [line for line in block.splitlines() if line.startswith("| training on")]
+    assert len(rows) == 2
+    assert "**nmt in fp32 against OpenNMT-py in fp32**" in rows[0]
+    assert "**nmt in bf16 against OpenNMT-py in fp32**" in rows[1]
+    precisions = [tables.perf_tables.precision(json.loads(p.read_text())) for p in tables.BENCHMARKS]
+    assert precisions == ["fp32", "bf16"]
 
 
 def test_the_table_names_no_machines_paths_and_says_which_malloc():
@@ -95,15 +112,16 @@ def test_the_table_names_no_machines_paths_and_says_which_malloc():
     peak memory differed from the first run's without saying why (another CPU, another malloc)."""
     tables = _tables()
     block = tables.render()
-    assert "/work/" not in block and "--data ../shared/data/multi30k --peer-dir ../shared/peers" in block
-    assert "--out docs/benchmark/benchmark.json" in block  # the file as committed, not where it was written
+    committed = tables.BENCHMARKS[1]
+    name = f"docs/benchmark/{committed.name}"
+    assert "/work/" not in block and "/tmp/" not in block
+    assert "--data ../shared/data/multi30k --peer-dir ../shared/peers" in block
+    assert f"--out {name}" in block  # the file as committed, not where it was written
     recorded = "python x.py --data /srv/shared/data/m --out /tmp/a.json"
-    assert tables.command_text(recorded, tables.BENCHMARK) == (
-        "python x.py --data ../shared/data/m --out docs/benchmark/benchmark.json"
-    )
+    assert tables.command_text(recorded, committed) == f"python x.py --data ../shared/data/m --out {name}"
     from_worktree = "/venv/bin/python /srv/wt/scripts/benchmark.py --data /srv/shared/data/m --out /tmp/a.json"
-    assert tables.command_text(from_worktree, tables.BENCHMARK) == (
-        "python scripts/benchmark.py --data ../shared/data/m --out docs/benchmark/benchmark.json"
+    assert tables.command_text(from_worktree, committed) == (
+        f"python scripts/benchmark.py --data ../shared/data/m --out {name}"
     )
     assert "malloc not recorded" in tables.machine_text({"cpu_model": "X"})
     assert "glibc malloc" in tables.machine_text({"cpu_model": "X", "malloc": "glibc"})
@@ -210,7 +228,7 @@ def test_study_tables_show_both_language_pairs_side_by_side(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
     doc.write_text(f"# x\n\n{tables.STUDY_BEGIN}\n{tables.STUDY_END}\n", encoding="utf-8")
-    readme_text, doc_text = tables.rewritten(readme.read_text(), doc.read_text(), tables.BENCHMARK, studies)
+    readme_text, doc_text = tables.rewritten(readme.read_text(), doc.read_text(), tables.BENCHMARKS, studies)
     assert block in readme_text and tables.render_study(studies, every_decoding=True) in doc_text
     assert "15.3 [14.3, 16.3]" in doc_text
     assert "| de -> en | none | 1 | 1200 | 9 | 10.00 | early_stopping 1 of 1 |" in doc_text  # how they trained
