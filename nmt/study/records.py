@@ -13,9 +13,10 @@ trainer.resume_changes=allow (`resumed_with_changes`, nmt.resume; empty for an e
 epochs, why training ended (`stopped_by`: early_stopping where validation BLEU's plateau ended it), every
 validation's BLEU (`validations`, absent from older records), the chosen checkpoint's validation score and step,
 the validation learning curve by length; the split's resampling units (Bible chapters; else each pair is its own
-unit); the split's overlap with the training text; one long input's attention weights (greedy); and for the study's
-split and each of its windows `<split>_k<k>`: the references (with their sha256), the source words, the window
-sizes and the pairs left out, and the detokenized hypotheses of every decoding.
+unit); the split's overlap with the training text; the attention's sharpness on the split, teacher-forced
+(`attention_stats`); one long input's attention weights (greedy); and for the study's split and each of its windows
+`<split>_k<k>`: the references (with their sha256), the source words, the window sizes and the pairs left out, and
+the detokenized hypotheses of every decoding.
 
 Version 2 (this one) decodes several ways: `decodings` maps a name (`greedy`, `beam5`: decoding_name) to its
 settings, and each set's `outputs` maps the same names to {hypotheses, bleu, chrf, ter}. Version 1 records
@@ -128,6 +129,7 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
     from nmt.corpora.windows import left_out, window_starts
     from nmt.device import provenance
     from nmt.evaluation import evaluate
+    from nmt.study.attention_stats import attention_statistics
     from nmt.translator import Translator
 
     started = time.time()
@@ -158,6 +160,8 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
                 for dec, r in results.items()
             },
         }
+    # how sharp the attention settled, teacher-forced on the study's own split (k=1): seeds compared by more than BLEU
+    attention = attention_statistics(greedy.model, greedy.tokenizer, corpus.splits[split])
     long_set, index = _long_input(sets, settings.long_words)
     source, reference = sets[long_set][index]
     t = greedy.translate([source])[0][0]
@@ -182,6 +186,7 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
         "best": info.best,
         "learning_curve": learning_curve(info.history),
         "parameters": greedy.model.num_parameters(),
+        "attention_stats": attention,  # nmt.study.attention_stats; None for attention=none (absent: older records)
         "decodings": {
             dec: {k: v for k, v in tr.settings.items() if k != "attention"} for dec, tr in translators.items()
         },

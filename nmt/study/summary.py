@@ -212,6 +212,7 @@ def run_row(run: StudyRun) -> dict:
         "steps": r["steps"],
         "epochs": r["epochs"],
         "stopped_by": r.get("stopped_by"),  # None in records made before it was kept
+        "attention_stats": r.get("attention_stats"),  # teacher-forced sharpness (nmt.study.attention_stats)
         "best": r["best"],
         "finished": r["finished"],
         "cpu": made.get("cpu_model") or f"{r['recorded_by'].get('cpu_model')} (recorded there; training's not stored)",

@@ -135,11 +135,19 @@ def length_markdown(summary: dict, decoding: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _sharpness(run: dict) -> str:
+    """A run's teacher-forced attention entropy (nats, of log S uniform) and mean largest weight; "-" without."""
+    a = run.get("attention_stats")
+    if not a:
+        return "-"
+    return f"{a['entropy']:.2f} of {a['uniform_entropy']:.2f} / {a['max_weight']:.2f}"
+
+
 def runs_markdown(summary: dict) -> str:
     lines = [
-        "| run | seed | BLEU by k | training | ended (UTC) | steps | best step | stopped by | CPU | torch | commit | "
-        "precision |",
-        "|---|---:|---|---:|---|---:|---:|---|---|---|---|---|",
+        "| run | seed | BLEU by k | training | ended (UTC) | steps | best step | stopped by | attention entropy / "
+        "max weight | CPU | torch | commit | precision |",
+        "|---|---:|---|---:|---|---:|---:|---|---|---|---|---|---|",
     ]
     for r in summary["runs"]:
         by_k = "; ".join(
@@ -149,7 +157,8 @@ def runs_markdown(summary: dict) -> str:
         commit = (r["commit"] or "-")[:12]
         lines.append(
             f"| {r['name']} | {r['seed']} | {by_k} | {r['train_minutes']:.1f} min | {r.get('trained_at') or '-'} | "
-            f"{r['steps']} | {r['best'].get('step')} | {r.get('stopped_by') or '-'} | {r['cpu']} | {r['torch']} | "
+            f"{r['steps']} | {r['best'].get('step')} | {r.get('stopped_by') or '-'} | {_sharpness(r)} | "
+            f"{r['cpu']} | {r['torch']} | "
             f"{commit} | {r['precision']} |"
         )
     return "\n".join(lines) + "\n"
