@@ -110,7 +110,11 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
             grad_weight.zero_()
         # W^T in nmt.kernels.step_gemm's panels once for all pieces, where the compiled kernels run (torch.mm lays
         # the 16 MB weight out again for every piece); not under a FLOP counter's dispatch mode
-        panels = None if N <= rows or is_in_torch_dispatch_mode() else step_gemm.pack(weight, backward=False)
+        panels = (
+            None
+            if N <= rows or is_in_torch_dispatch_mode()
+            else step_gemm.pack(weight, backward=False, component="output_loss")
+        )
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
             if panels is None:

@@ -38,11 +38,11 @@ from nmt.device import precision_choice, provenance
 from nmt.device_plan import DevicePlan, choose_plan, imposed
 from nmt.errors import NMTError
 from nmt.feed import BatchFeed
-from nmt.kernels.compiled import choose_kernels, set_kernels
+from nmt.kernels.compiled import fallbacks
 from nmt.loss import loss_sum, output_loss_sum
-from nmt.memory import tune_for_fp32_training
 from nmt.metrics import DEFAULT_EDGES, check_edges
 from nmt.model import Seq2Seq
+from nmt.plan import plan_for_training
 from nmt.progress import TrainingBar
 from nmt.resume import Change, Kind, check, compare, describe, flatten, last_checkpoint, rank_seeds, resumable
 from nmt.rundir import TensorBoard, keep_best, write_summary, write_text
@@ -88,9 +88,12 @@ class TrainerConfig:
     length_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     max_bad_steps: int = 5  # consecutive non-finite losses before giving up
     amp: Amp = Amp.auto  # auto (bf16 where the hardware has it: CUDA, CPUs with AVX-512 BF16/AMX) | bf16 | off
-    # eager | auto (the decoder step's kernels compiled on a CPU with a C++ compiler) | auto_fp32 (auto where the
-    # step runs in fp32, eager under bf16) | compiled
+    # auto | eager (nmt.plan: each component's kernel where the plan finds it right; compiled: every one, insisted
+    # on); nmt-train sets it from the top-level `kernels`, shared with decoding
     kernels: Kernels = Kernels.eager
+    kernels_off: list[str] = field(
+        default_factory=list
+    )  # kernels turned off for measurement (nmt.plan.KERNEL_COMPONENTS)
     progress: bool = True
 
 
@@ -184,26 +187,16 @@ class Trainer:
         self.use_epoch(0)
         bf16, why = precision_choice(config.amp, self.device.type, "trainer.amp")
         self.amp = "bf16" if bf16 else "off"  # resolved
-        log.info(
-            "precision: %s (%s); batches of %d tokens, %s bucketing",
-            "bf16 autocast" if bf16 else "fp32",
-            why,
-            config.batch_tokens,
-            config.bucketing,
-        )
+        log.info("batches of %d tokens, %s bucketing", config.batch_tokens, config.bucketing)
         self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if bf16 else nullcontext
-        # fp32 on a CPU: the output layer runs inside the loss, a piece of rows at a time (nmt.loss.output_loss_sum),
-        # and glibc maps tensors of 16 MiB and more on their own (nmt.memory.tune_for_fp32_training)
+        # every component's implementation and why (nmt.plan): chosen, applied and logged before the first step
+        self.run_plan = plan_for_training(self.module, self.device.type, bf16, why, config, self.threads)
+        if self.provenance:
+            self.provenance["plan"] = self.run_plan.record()  # in every checkpoint
+        # fp32 on a CPU: the output layer runs inside the loss, a piece of rows at a time (nmt.loss.output_loss_sum)
         self.output_in_loss = self.device.type == "cpu" and not bf16
-        if self.output_in_loss and (malloc := tune_for_fp32_training()):
-            sizes = (f"{k.removeprefix('fp32 training: malloc ')} {int(v) >> 20} MiB" for k, v in malloc.items())
-            log.info("glibc malloc for fp32 training: %s", ", ".join(sizes))
-        why = choose_kernels(config.kernels, self.device, bf16)[1]
-        self.kernels = set_kernels(config.kernels, self.device, bf16).value  # resolved (nmt.kernels.compiled)
-        log.info("kernels: %s (%s)", self.kernels, why)
-        plan, why = choose_plan(self.device)
-        log.info("device plan: %s", why)
-        self.use_plan(plan)
+        self.kernels = "compiled" if self.run_plan.kernels else "eager"  # a fact of exact resumes (nmt.resume)
+        self.use_plan(choose_plan(self.device)[0])
         self._epoch_groups: list[list[list[int]]] = []  # this epoch's groups (_groups): what the feed prepares ahead
         # progress (all of it goes into checkpoints)
         self.step = self.epoch = self.batch_pos = 0
@@ -330,8 +323,10 @@ class Trainer:
         differs from the one that wrote it in a way that breaks exactness, unless trainer.resume_changes=allow."""
         path, data = resumable(path, self.cfg.resume_fallback)  # verified; trainer.resume_fallback: maybe another
         self.threads.resume(data)  # auto keeps the checkpoint's thread count: the numbers depend on it
+        self.run_plan.put("threads", str(self.threads.count), self.threads.why)
         if self.provenance:  # the count this run computes with from here on
             self.provenance["threads"] = self.threads.count
+            self.provenance["plan"] = self.run_plan.record()
         prepared = self._encoded_with_tokenizer_of(data)
         ours = self.data.tokenizer  # the facts of this run as it was asked for: the tokenizer on disk
         now = {**self.facts(prepared), **tokenizer_fingerprints(ours.src_model, ours.tgt_model)}
@@ -766,6 +761,8 @@ class Trainer:
             "last_checkpoint": str(self.ckpt_dir / "last.pt"),
             "parameters": self.module.num_parameters(),
             "threads": self.threads.record(),
+            "plan": self.run_plan.record(),  # nmt.plan: {component: {implementation, reason}}
+            "fallbacks": fallbacks(),  # calls a planned kernel did not take, and why (nmt.kernels.compiled)
         }
         if self.is_main:
             write_summary(self.run_dir, summary)

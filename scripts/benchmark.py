@@ -106,7 +106,7 @@ TINY_OVERRIDES = [
     "model.hidden_size=64",
     "trainer.batch_tokens=300",
     # a 3 s budget: nothing to compile (a cold torch.compile under bf16 outlasts it, whatever the preset says)
-    "trainer.kernels=eager",
+    "kernels=eager",
 ]
 # OpenNMT-py 3.5.1 in ../shared/peers/README.md (another session, same kind of machine): used for the
 # floors only when no OpenNMT-py run was made in this invocation.
@@ -356,6 +356,8 @@ def train(
         "rss_after_data_prep_gib": round(rss_after_prep, 3),
         "valid_bleu": (summary.get("final") or {}).get("bleu"),
         "checkpoint": summary["last_checkpoint"],
+        "plan": summary["plan"],  # nmt.plan: {component: {implementation, reason}}
+        "fallbacks": summary["fallbacks"],
     }
     return result, Path(summary["last_checkpoint"]), data
 
@@ -388,7 +390,7 @@ def decode_only(
         "precision": translator.settings["precision"],
         "precision_reason": translator.settings["precision_reason"],
         "kernels": translator.settings["kernels_resolved"],
-        "kernels_reason": translator.settings["kernels_reason"],
+        "plan": translator.settings["plan"],
         "warmup_seconds": round(warmup, 3),
         "decode_seconds": round(seconds, 3),
         "sentences_per_s": round(len(sources) / seconds, 2),

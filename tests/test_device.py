@@ -12,7 +12,6 @@ import torch
 
 from nmt import device
 from nmt.errors import ConfigError
-from nmt.kernels import compiled
 
 NONE = dict.fromkeys(device.CPU_FLAGS, False)
 FLAGS = {  # each CPU kind with the flags it has (a CPU of a kind has the flags of the kinds below it)
@@ -94,29 +93,6 @@ def test_the_machine_record_has_the_cpu_kind_and_flags():
     machine = device.describe_machine(1)
     assert machine["cpu_kind"] == device.cpu_kind() and set(machine["cpu_flags"]) == set(device.CPU_FLAGS)
     assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-
-
-def test_kernels_choice_says_why(monkeypatch):
-    monkeypatch.setattr(compiled, "compiler", lambda: "/usr/bin/c++")
-    kernels, why = compiled.choose_kernels("auto", "cpu")
-    assert kernels == "compiled" and why.startswith("trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++)")
-    assert why.endswith(f"Inductor vectorises for {torch.backends.cpu.get_cpu_capability()}")
-    assert compiled.choose_kernels("auto", "cuda") == (
-        "eager",
-        "trainer.kernels=auto: the compiled kernels are CPU code, this is cuda",
-    )
-    assert compiled.choose_kernels("eager", "cpu") == ("eager", "trainer.kernels=eager")
-    kernels, why = compiled.choose_kernels("auto_fp32", "cpu")  # fp32 training: as auto
-    assert kernels == "compiled" and why.startswith("trainer.kernels=auto_fp32: fp32 on a CPU with a C++ compiler")
-    assert compiled.choose_kernels("auto_fp32", "cpu", bf16=True) == (
-        "eager",
-        "trainer.kernels=auto_fp32: training runs in bf16, where the eager kernels were measured",
-    )
-    assert compiled.choose_kernels("auto_fp32", "cuda")[0] == "eager"
-    assert compiled.choose_kernels("auto", "cpu", bf16=True)[0] == "compiled"  # auto: bf16 too
-    monkeypatch.setattr(compiled, "has_compiler", lambda: False)
-    kernels, why = compiled.choose_kernels("auto", "cpu")
-    assert kernels == "eager" and "no C++ compiler on PATH" in why
 
 
 def test_the_decoding_report_says_why_its_precision():

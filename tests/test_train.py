@@ -410,7 +410,7 @@ def test_hooks_see_every_step_and_every_validation(tiny_data, tmp_path):
 @pytest.mark.parametrize("native, expected", [(False, "fp32"), (True, "bf16 autocast")])
 def test_the_log_says_which_precision_and_kernels_and_why(tiny_data, tmp_path, monkeypatch, caplog, native, expected):
     """trainer.amp=auto picks bf16 only where the CPU computes it natively, and the log line says what and why;
-    the kernels line says what trainer.kernels resolved to and why. The CPU is pretended (no test depends on it)."""
+    the plan's table says every component's implementation and why. The CPU is pretended (no test depends on it)."""
     from nmt import device
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
 
@@ -419,9 +419,9 @@ def test_the_log_says_which_precision_and_kernels_and_why(tiny_data, tmp_path, m
     monkeypatch.setattr(device, "cpu_flags", lambda: flags)
     monkeypatch.setattr(device, "native_bf16", lambda device_type: native)
     config = TrainerConfig(progress=False, max_steps=1, max_epochs=None, heatmaps=0, amp="auto", kernels="eager")
-    with caplog.at_level("INFO", logger="nmt.trainer"):
+    with caplog.at_level("INFO"):
         trainer = Trainer(tiny_model(tiny_data), tiny_data, config, OptimConfig(), tmp_path, device="cpu", seed=1)
     why = "AMX computes bf16 natively" if native else f"this CPU has no native bf16 ({kind}, no AVX-512 BF16 or AMX)"
-    assert f"precision: {expected} (trainer.amp=auto: {why}" in caplog.text
+    assert f"precision         {expected}: trainer.amp=auto: {why}" in caplog.text
     assert trainer.amp == ("bf16" if native else "off")
-    assert "kernels: eager (trainer.kernels=eager)" in caplog.text
+    assert "encoder           nn.LSTM (oneDNN): kernels=eager" in caplog.text

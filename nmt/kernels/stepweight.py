@@ -10,7 +10,7 @@ the shared tensor's backward, which autograd runs after every step's, does the o
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
 
-Where the compiled kernels run (trainer.kernels) on a CPU, the weight is also packed once per batch for the steps'
+Where the run's plan uses step_products (nmt.plan) on a CPU, the weight is also packed once per batch for the steps'
 products: an fp32 weight in panels for a hand-written kernel (nmt.kernels.step_gemm), a bf16 weight on a CPU with
 bf16 hardware in oneDNN's layout (`Packed`; fp32 weights no longer go to oneDNN: see there).
 
@@ -29,10 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.choices import Kernels
 from nmt.device import native_bf16
 from nmt.kernels import step_gemm
-from nmt.kernels.compiled import is_in_torch_dispatch_mode, kernels
+from nmt.kernels.compiled import enabled, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.step_gemm import Panels
 from nmt.shapes import cat_rows, padded_count
 
@@ -138,12 +137,14 @@ class Packed(NamedTuple):
     def pack(weight: Tensor) -> Packed | Panels | None:
         """W packed (see the class; an fp32 W in nmt.kernels.step_gemm's panels), or None where it is not (the
         step then calls F.linear and mm)."""
-        if weight.device.type != "cpu" or kernels() != Kernels.compiled:
+        if not enabled("step_products"):
             return None
+        if weight.device.type != "cpu":
+            return fallback("step_products", "not a CPU weight")
         if weight.dtype == torch.float32 and _PACKING["panels"]:
             return step_gemm.pack(weight)
         if not _PACKING["works"]:
-            return None
+            return fallback("step_products", "this torch's oneDNN refused to pack a weight")
         if weight.dtype not in _PACKING["dtypes"] or (weight.dtype == torch.bfloat16 and not native_bf16("cpu")):
             return None
         try:
@@ -151,7 +152,7 @@ class Packed(NamedTuple):
             return Packed(_reorder(w), _reorder(w.t().contiguous()))
         except (AttributeError, RuntimeError):  # a torch without oneDNN, or a layout it refuses: the plain calls
             _PACKING["works"] = False  # for the rest of the process
-            return None
+            return fallback("step_products", "this torch's oneDNN refused to pack a weight")
 
     @staticmethod
     def product(x: Tensor, packed: Tensor) -> Tensor:
