@@ -78,6 +78,7 @@ from nmt.cli.common import (
 )
 from nmt.data import PreparedData, padding_overhead
 from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate, resolve_device
+from nmt.health import Windows, health
 from nmt.memory import tune_allocator, tune_for_decoding, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig
@@ -315,8 +316,8 @@ def train(
     data = load_data(cfg)
     prep_seconds = time.perf_counter() - start
     rss_after_prep = max_rss_gib()
-    meter = Meter()
-    trainer = build_run(cfg, run_dir, device, data, hooks=[meter, *hooks])
+    meter, windows = Meter(), Windows()
+    trainer = build_run(cfg, run_dir, device, data, hooks=[meter, windows, *hooks])
     model, tcfg = trainer.module, trainer.cfg
     real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
     log.info(
@@ -328,6 +329,7 @@ def train(
     start = time.perf_counter()
     summary = trainer.train()
     total_seconds = time.perf_counter() - start
+    windows.close(trainer.step)  # the last, partial window
     train_seconds = trainer.elapsed  # the loop's wall clock (validations inside the budget included)
     steps_per_epoch = max(math.ceil(len(trainer.sampler) / tcfg.accumulate), 1)
     result = {
@@ -357,6 +359,9 @@ def train(
         "valid_bleu": (summary.get("final") or {}).get("bleu"),
         "checkpoint": summary["last_checkpoint"],
         "plan": summary["plan"],  # nmt.plan: {component: {implementation, reason}}
+        # nmt.health: every 50 steps the rate, page faults and other runnable processes; the flags in words
+        "windows": windows.records,
+        "health": health(windows.records, torch.get_num_threads()),
         "fallbacks": summary["fallbacks"],
     }
     return result, Path(summary["last_checkpoint"]), data
@@ -695,6 +700,16 @@ def format_table(report: dict) -> str:
                     f"{fmt(dec['fp32']['decode_seconds'], '.2f')} / {fmt(dec['fp32']['bleu'], '.2f')}",
                 )
             )
+    h = train.get("health") or {}
+    if h.get("windows"):
+        lowest, median, spread = h.get("lowest_over_median"), h.get("median_target_tokens_per_s"), h.get("spread")
+        extras.append(
+            (
+                "50-step windows: lowest over median, median target tokens/s (spread); flags",
+                f"{fmt(lowest, '.2f')}, {fmt(median, ',.0f')} ({fmt(spread, '.0%')}); "
+                + ("; ".join(h["flags"]) or "none"),
+            )
+        )
     lines += ["", "| ours | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in extras]
     lines += ["", "| floor (reported, not asserted) | ours | target | met | basis |", "|---|---|---|---|---|"]
     for f in report["floors"]:
