@@ -35,9 +35,9 @@ from nmt.checkpoint import save_checkpoint
 from nmt.choices import Amp, Bucketing, Kernels, Metric, Optimizer, ResumeChanges, Schedule, choice
 from nmt.data import Batch, PreparedData, TokenBatchSampler, padding_overhead, tokenizer_fingerprints
 from nmt.device import precision_choice, provenance
+from nmt.device_batches import DeviceBatches
 from nmt.device_plan import DevicePlan, choose_plan, imposed
 from nmt.errors import NMTError
-from nmt.feed import BatchFeed
 from nmt.kernels.compiled import choose_kernels, set_kernels
 from nmt.loss import loss_sum, output_loss_sum
 from nmt.memory import tune_for_fp32_training
@@ -226,7 +226,7 @@ class Trainer:
     def use_plan(self, plan: DevicePlan) -> None:
         """Train with `plan` (nmt.device_plan): how a step's work is cut, how its batches are fed, and when its
         numbers are read."""
-        self.plan, self.feed, self.numbers = plan, BatchFeed(plan, self.device), StepNumbers(plan.deferred_checks)
+        self.plan, self.feed, self.numbers = plan, DeviceBatches(plan, self.device), StepNumbers(plan.deferred_checks)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.optim_cfg
