@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
-from nmt.device import autocast_dtype, run_lstm, step_dtype
+from nmt.device import autocast_dtype, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.kernels.decoder_loop import decoder_loop, loop_positions, scatter_steps
@@ -45,6 +45,7 @@ from nmt.kernels.energy import StepKeys
 from nmt.kernels.feed_loop import feed_loop, feed_plan
 from nmt.kernels.lstm_cell import LayerParams, layer, layer_params, lstm_step
 from nmt.kernels.stepweight import StepMatrix, StepWeight
+from nmt.precision import run_lstm
 from nmt.shapes import linear_rows, padded_count
 from nmt.special import PAD_ID
 

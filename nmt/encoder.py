@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, invert_permutation, pack_padded_sequence, pad_packed_sequence
 
-from nmt.device import run_lstm
 from nmt.device_plan import to_device
 from nmt.dropout import Dropout
 from nmt.kernels.encoder_lstm import encoder_lstm
+from nmt.precision import run_lstm
 from nmt.self_attention import SelfAttentionStack
 from nmt.special import PAD_ID
 

@@ -27,8 +27,8 @@ import nmt.cli  # noqa: F401  (the CPU memory settings of nmt/memory.py: before 
 # isort: split
 import torch
 
-from nmt.device import describe_machine
 from nmt.memory import tune_for_decoding
+from nmt.provenance import describe_machine
 from nmt.translator import Translator
 
 

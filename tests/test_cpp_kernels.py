@@ -325,9 +325,9 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, panels
     import torch.nn.functional as F
 
     import nmt.kernels.stepweight as stepweight
-    from nmt.device import native_bf16
     from nmt.kernels.step_gemm import Panels
     from nmt.kernels.stepweight import Packed, StepWeight
+    from nmt.precision import native_bf16
 
     if dtype == torch.bfloat16 and not native_bf16("cpu"):
         pytest.skip("bf16 weights are packed only on a CPU with bf16 hardware")
