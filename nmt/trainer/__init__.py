@@ -28,7 +28,6 @@ trains on its share of each global batch; all ranks validate (identically) and o
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,8 +50,6 @@ from nmt.trainer.run import TrainerHook
 from nmt.trainer.step import TrainingStep
 
 __all__ = ["OptimConfig", "Trainer", "TrainerConfig", "TrainerHook"]
-
-log = logging.getLogger(__name__)
 
 
 class Trainer:
