@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 
 from nmt.choices import Kernels, choice
-from nmt.device import native_bf16
 from nmt.device_plan import choose_plan
 from nmt.errors import ConfigError
 from nmt.kernels import compiled
 from nmt.kernels.compiled import use_kernels
 from nmt.memory import tune_for_fp32_training
+from nmt.precision import native_bf16
 
 log = logging.getLogger(__name__)
 

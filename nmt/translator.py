@@ -26,11 +26,11 @@ from torch import Tensor
 
 from nmt.choices import Kernels
 from nmt.decoding import Decoding, default_batch_tokens
-from nmt.device import precision_choice
 from nmt.errors import ConfigError
 from nmt.kernels.compiled import kernels_for
 from nmt.model import Seq2Seq
 from nmt.plan import plan_for_search
+from nmt.precision import precision_choice
 from nmt.search import search
 from nmt.special import EOS_ID, PAD_ID
 from nmt.tokenizer import Tokenizer

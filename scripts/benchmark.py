@@ -34,7 +34,7 @@ What it measures, in order:
      --work folder pip-installs the peer into <work>/peer (network needed); pass the same --work to reuse it.
 
 --emulate-avx2 starts the script again with torch's ATen kernels, oneDNN and MKL kept to AVX2
-(nmt.device.AVX2_EMULATION) and trainer.amp=off, peers included: fp32 as on an AVX2-only CPU, on this one.
+(nmt.cpu.AVX2_EMULATION) and trainer.amp=off, peers included: fp32 as on an AVX2-only CPU, on this one.
 It is not an AVX2 machine (this CPU's caches, clock and memory stay); the JSON says `emulated: avx2` and so
 does the table's first line.
 
@@ -76,12 +76,16 @@ from nmt.cli.common import (
     load_data,
     user_errors,
 )
-from nmt.data import PreparedData, padding_overhead
-from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate, resolve_device
+from nmt.cpu import AVX2_EMULATION, emulate_avx2, emulated
+from nmt.data import PreparedData
+from nmt.device import resolve_device
 from nmt.health import Windows, health
+from nmt.matmul_rate import matmul_rate
 from nmt.memory import tune_allocator, tune_for_decoding, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig
+from nmt.provenance import describe_machine
+from nmt.sampler import padding_overhead
 from nmt.trainer import Trainer, TrainerHook
 from nmt.translator import Translator
 
@@ -788,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "overrides": overrides,
         "work": str(work),
-        "emulated": emulated(),  # "avx2": --emulate-avx2 (nmt.device.AVX2_EMULATION), not a real AVX2 machine
+        "emulated": emulated(),  # "avx2": --emulate-avx2 (nmt.cpu.AVX2_EMULATION), not a real AVX2 machine
         "machine": describe_machine(args.threads),
         "device": device,
         "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)

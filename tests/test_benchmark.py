@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nmt.attention import ATTENTIONS
-from nmt.device import AVX2_EMULATION, CPU_FLAGS, cpu_flags, cpu_kind
+from nmt.cpu import AVX2_EMULATION, CPU_FLAGS, cpu_flags, cpu_kind
 from nmt.memory import ENV_DEFAULTS
 from nmt.model import ModelConfig
 
@@ -399,7 +399,7 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention, min_sourc
 
 def test_emulated_avx2_trains_in_fp32_and_the_table_says_it_is_an_emulation(tiny, tmp_path):
     """--emulate-avx2: trainer.amp=off after every override; a report that says `emulated: avx2` (as
-    nmt.device.emulate_avx2's process writes) opens its table with an emulation's plain words; --table
+    nmt.cpu.emulate_avx2's process writes) opens its table with an emulation's plain words; --table
     re-prints it so."""
     bench = load_benchmark()
     args = bench.parse_args(["--tiny", "--emulate-avx2", "trainer.amp=bf16"])

@@ -1,6 +1,6 @@
 """The hand-written C++ kernels of a decoder step (nmt/kernels/csrc) compute the plain forms' numbers and gradients:
-the additive attention's step (nmt.kernels.attention_step: scores v^T tanh(q + k), masked softmax, context) and the
-LSTM cell (nmt.kernels.lstm), alone and inside the decoder's loop."""
+the additive attention's step (nmt.kernels.additive_step: scores v^T tanh(q + k), masked softmax, context) and the
+LSTM cell (nmt.kernels.lstm_cell), alone and inside the decoder's loop."""
 
 import pytest
 import torch
@@ -8,10 +8,10 @@ import torch
 import nmt.kernels.compiled as compiled_module
 from nmt.attention import AdditiveAttention
 from nmt.errors import ConfigError
-from nmt.kernels.attention_step import RANGE, additive_step, factored_keys
+from nmt.kernels.additive_step import RANGE, additive_step, factored_keys
 from nmt.kernels.compiled import set_kernels
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.lstm import lstm_cell
+from nmt.kernels.lstm_cell import lstm_cell
 from nmt.kernels.stepweight import StepMatrix
 from nmt.loss import token_loss
 from nmt.model import ModelConfig, Seq2Seq
@@ -308,9 +308,9 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compil
     weight's gradient summed over them, are the plain products'."""
     import torch.nn.functional as F
 
-    from nmt.device import native_bf16
     from nmt.kernels.step_gemm import Panels
     from nmt.kernels.stepweight import Packed, StepWeight
+    from nmt.precision import native_bf16
 
     if dtype == torch.bfloat16 and not native_bf16("cpu"):
         pytest.skip("bf16 weights are packed only on a CPU with bf16 hardware")

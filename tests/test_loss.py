@@ -32,7 +32,7 @@ def test_output_layer_in_the_loss_equals_the_layer_then_the_loss(N, smoothing, r
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("V", [37, 64, 8000])
 def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compiled, monkeypatch, kernel_calls):
-    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.xent), and where
+    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.smoothed_xent), and where
     there is more than one piece their logits come from W^T packed once (nmt.kernels.step_gemm): the same value
     and gradients, for vocabularies that fill the vector width or leave a tail, PAD rows included."""
     calls, products = [], []

@@ -7,8 +7,8 @@ dispatched operations per decoder step. Each is tested against the plain form.
     stepweight.py      weights (and batches of matrices) used at every step, their gradient one matmul over all steps
     step_gemm.py       a step's fp32 products through weights packed once per batch (csrc/step_gemm.cpp)
     energy.py          the additive attention's energy v^T tanh(q + k) in cache-sized pieces, its own backward
-    attention_step.py  one decoder step of the additive attention in C++ (csrc/additive_step.cpp)
-    lstm.py            the decoder's LSTM written out one step at a time; its cell in C++ (csrc/lstm_cell.cpp)
+    additive_step.py   one decoder step of the additive attention in C++ (csrc/additive_step.cpp)
+    lstm_cell.py       the decoder's LSTM written out one step at a time; its cell in C++ (csrc/lstm_cell.cpp)
     decoder_loop.py    RNNsearch's teacher-forced decoder loop as one autograd node
     feed_loop.py       the input-feeding decoder's teacher-forced loop as one autograd node (csrc/feed_loop.cpp)
     encoder_lstm.py    the encoder's (bi)LSTM, both directions at once (csrc/encoder_lstm.cpp)

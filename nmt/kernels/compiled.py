@@ -12,7 +12,7 @@ result on disk, so later processes take a few seconds).
     kernel = cpp_kernel(path, argtypes, "encoder")  # a hand-written C++ kernel (nmt/kernels/csrc), built the same way
     return fallback("encoder", "not fp32")        # a call the kernel does not take: logged once, the torch form
 
-One step of RNNsearch's attention is such a hand-written kernel (nmt.kernels.attention_step): Inductor's C++
+One step of RNNsearch's attention is such a hand-written kernel (nmt.kernels.additive_step): Inductor's C++
 toolchain builds it with the same compiler, flags and vector ISA as its own kernels (a second or two). Importing
 that toolchain takes over a second itself, so the first build notes where the library lies (a small JSON file
 in Inductor's cache directory, keyed by the source, argument types, torch version and vector ISA) and later

@@ -3,8 +3,8 @@
 A decoder step of RNNsearch (query = the previous state, no input feeding, one layer) is five calls:
 
     q_t = W_s s_{t-1}                                     the query projection (StepWeight)
-    c_t, a_t = attend(q_t, keys, values)                  one C++ kernel (nmt.kernels.attention_step)
-    s_t, cell_t = cell(x0_t + W_r [c_t; s_{t-1}], cell)   a matmul (StepWeight) and one C++ kernel (nmt.kernels.lstm)
+    c_t, a_t = attend(q_t, keys, values)                  one C++ kernel (nmt.kernels.additive_step)
+    s_t, cell_t = cell(x0_t + W_r [c_t; s_{t-1}], cell)   a matmul (StepWeight) and one C++ kernel (kernels.lstm_cell)
 
 Through autograd each of them, and the views, casts and joins between them, is a node with its own
 bookkeeping: some two hundred dispatched operations a step, forward and backward, a cost per step whatever
@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.kernels.attention_step import ARGTYPES, DTYPES, SOURCE
+from nmt.kernels.additive_step import ARGTYPES, DTYPES, SOURCE
 from nmt.kernels.compiled import address, cpp_kernel, enabled, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.lstm import CELL_ARGTYPES, CELL_SOURCE, LayerParams
+from nmt.kernels.lstm_cell import CELL_ARGTYPES, CELL_SOURCE, LayerParams
 from nmt.kernels.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
 
 

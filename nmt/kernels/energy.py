@@ -110,7 +110,7 @@ class StepKeys(NamedTuple):
     of the keys' gradient into one buffer, in place, where autograd would form a (B, S, A) gradient per step
     and add it up. `query`, when given, is the query projection W_s for those steps (nmt.kernels.stepweight: its
     gradient one matmul over all steps, where nn.Linear forms and adds a (A, Q) gradient per step);
-    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.kernels.attention_step.factored_keys)."""
+    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.kernels.additive_step.factored_keys)."""
 
     keys: Tensor
     sums: _KeySums

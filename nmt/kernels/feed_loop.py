@@ -3,8 +3,8 @@
 A step of Luong's order with input feeding (query = the current state, one layer) and the additive score, the
 multi30k_deen preset's decoder (what OpenNMT-py calls "mlp" attention), is
 
-    h_t, cell_t = cell(x0_t + W_r [h~_{t-1}; h_{t-1}], cell_{t-1})   a matmul and one C++ kernel (nmt.kernels.lstm)
-    c_t, a_t = attend(W_s h_t, keys, values)                         a matmul and one C++ kernel (attention_step)
+    h_t, cell_t = cell(x0_t + W_r [h~_{t-1}; h_{t-1}], cell_{t-1})   a matmul and one C++ kernel (nmt.kernels.lstm_cell)
+    c_t, a_t = attend(W_s h_t, keys, values)                         a matmul and one C++ kernel (additive_step)
     h~_t = dropout(tanh(W_c [c_t; h_t]))                             a matmul, the dropout's mask, one C++ kernel
 
 Through autograd each of them, and the joins, views and casts between them, is a node with its own bookkeeping,
@@ -45,7 +45,7 @@ from torch import Tensor
 from nmt.kernels.compiled import address, cpp_kernel, enabled, fallback
 from nmt.kernels.decoder_loop import loop_applies, loop_positions, scatter_steps
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.lstm import LayerParams
+from nmt.kernels.lstm_cell import LayerParams
 from nmt.kernels.step_gemm import Panels
 from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.shapes import padded_count

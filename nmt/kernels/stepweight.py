@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.device import native_bf16
 from nmt.kernels import step_gemm
 from nmt.kernels.compiled import enabled, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.step_gemm import Panels
+from nmt.precision import native_bf16
 from nmt.shapes import cat_rows, padded_count
 
 
