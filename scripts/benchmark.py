@@ -382,7 +382,7 @@ def decode_only(
 ) -> tuple[dict, list[str]]:
     """Translator.translate's seconds and BLEU in this process (amp: the decoding precision, as nmt-translate),
     after one sentence's warm-up, timed apart: the decoder step's C++ kernels are loaded then, or built where this
-    machine has not built them yet (decoding.kernels; seconds, once per machine). The whole-process figure of
+    machine has not built them yet (kernels; seconds, once per machine). The whole-process figure of
     `decode` includes everything."""
     translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam, length_penalty=1.0, amp=amp)
     start = time.perf_counter()

@@ -74,7 +74,7 @@ def checked(config: TrainerConfig, optim: OptimConfig) -> tuple[TrainerConfig, O
         best_metric=choice(Metric, config.best_metric, "trainer.best_metric").value,
         bucketing=choice(Bucketing, config.bucketing, "trainer.bucketing").value,
         amp=choice(Amp, config.amp, "trainer.amp").value,
-        kernels=choice(Kernels, config.kernels, "trainer.kernels").value,
+        kernels=choice(Kernels, config.kernels, "kernels").value,
         resume_changes=choice(ResumeChanges, config.resume_changes, "trainer.resume_changes").value,
     )
     optim = replace(
