@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from nmt.choices import LuongScore, choice
 from nmt.device import autocast_dtype
-from nmt.kernels.attention_step import additive_step, factored_keys
+from nmt.kernels.additive_step import additive_step, factored_keys
 from nmt.kernels.energy import StepKeys, additive_energy
 from nmt.kernels.stepweight import StepMatrix, StepWeight, bmm
 from nmt.shapes import linear_rows
@@ -108,7 +108,7 @@ class AdditiveAttention(Attention):
     The energy is computed by nmt.kernels.energy in cache-sized pieces, in fp32, with a backward that recomputes
     the tanh: the (B, T, S, A) tensor of the plain form is never built. Where the compiled kernels run, a
     decoder step (one query) is two C++ kernels instead, the softmax and the values included
-    (nmt.kernels.attention_step).
+    (nmt.kernels.additive_step).
 
     Which decoder state is the query (the previous state s_{t-1}, as in the paper, or the current
     top state h_t, as in Luong's ordering) is chosen by the decoder (`attention.query`).
@@ -139,7 +139,7 @@ class AdditiveAttention(Attention):
             q = keys.query(query.squeeze(1)).unsqueeze(1)  # (B, 1, A)
         else:
             q = self.query_proj(query)  # (B, T, A)
-        if q.size(1) == 1:  # a decoder step: one C++ kernel each way where they run (nmt.kernels.attention_step)
+        if q.size(1) == 1:  # a decoder step: one C++ kernel each way where they run (nmt.kernels.additive_step)
             step = additive_step(q.squeeze(1), keys, self.v.weight.view(-1), values, mask)
             if step is not None:
                 context, weights = step  # (B, D), (B, S)

@@ -12,7 +12,7 @@ is what validation scores, what best.pt is chosen by, and what nmt-translate / n
 translate with (nmt.restore). A checkpoint holds both (`model`: the weights, for resuming exactly;
 `average`: {"decay", "model"}), twice the weights on disk.
 
-    average = WeightAverage(model, decay)
+    average = weight_average(model, decay)  # None without a decay
     average.update(model, step)          # after optimizer step number `step` (1, 2, ...)
     with average.applied(model): ...     # the model holds the average inside the block (validation)
     payload["average"] = average.state(model)
@@ -20,6 +20,7 @@ translate with (nmt.restore). A checkpoint holds both (`model`: the weights, for
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -28,11 +29,25 @@ from torch import nn
 
 from nmt.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 def check_decay(decay: float | None) -> None:
     """A ConfigError unless `decay` (trainer.average_decay) is None or lies strictly between 0 and 1."""
     if decay is not None and not 0.0 < decay < 1.0:
         raise ConfigError(f"trainer.average_decay={decay}: a decay lies between 0 and 1 (0.998, say; null: none)")
+
+
+def weight_average(model: nn.Module, decay: float | None) -> WeightAverage | None:
+    """The average of `model`'s weights with `decay` (trainer.average_decay), said in the log; None without one."""
+    if not decay:
+        return None
+    log.info(
+        "weights averaged over the steps (trainer.average_decay=%g): validation, best.pt and translations "
+        "use the average, training steps from the weights",
+        decay,
+    )
+    return WeightAverage(model, decay)
 
 
 class WeightAverage:

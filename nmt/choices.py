@@ -33,14 +33,13 @@ class Amp(Choice):
 
 
 class Kernels(Choice):
-    """The additive energy's kernels in training (nmt.kernels.compiled): eager (the default) never compiles; auto
-    compiles with torch.compile on a CPU with a C++ compiler, else eager; auto_fp32 does what auto does where
-    training runs in fp32 and stays eager under bf16; compiled insists."""
+    """The setting `kernels`, shared by training and decoding: auto (each component's kernel where the run's plan
+    finds it right: nmt.plan), eager (torch operations only); compiled insists on every kernel that applies (a
+    failed build is an error), for tests and benchmarks."""
 
     auto = "auto"
-    auto_fp32 = "auto_fp32"
-    compiled = "compiled"
     eager = "eager"
+    compiled = "compiled"
 
 
 class Bucketing(Choice):

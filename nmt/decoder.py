@@ -13,7 +13,7 @@ all steps followed by attention over all steps; with query=previous and no input
 attention and LSTM, and W_c runs once over all steps after it, or, when the attention reads no query
 ("none"), one LSTM call over [y_{t-1}; c] for all steps: the same arithmetic, batched).
 
-The step loop runs the LSTM written out one step at a time (nmt.kernels.lstm: nn.LSTM's parameters and arithmetic,
+The step loop runs the LSTM written out one step at a time (nmt.kernels.lstm_cell: nn.LSTM's parameters and arithmetic,
 with the embeddings' share projected for all steps at once); scripts/step_benchmark.py measures training steps.
 Where the compiled kernels run on a CPU, RNNsearch's loop (query=previous, no input feeding, one layer) runs
 as one autograd node instead (nmt.kernels.decoder_loop: the same arithmetic, without autograd at every step),
@@ -37,14 +37,15 @@ from torch import Tensor, nn
 
 from nmt.attention import Attention
 from nmt.choices import Bridge, Query, choice
-from nmt.device import autocast_dtype, run_lstm, step_dtype
+from nmt.device import autocast_dtype, step_dtype
 from nmt.dropout import Dropout
 from nmt.encoder import EncoderOutput
 from nmt.kernels.decoder_loop import decoder_loop, loop_positions, scatter_steps
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.feed_loop import feed_loop, feed_plan
-from nmt.kernels.lstm import LayerParams, layer, layer_params, lstm_step
+from nmt.kernels.lstm_cell import LayerParams, layer, layer_params, lstm_step
 from nmt.kernels.stepweight import StepMatrix, StepWeight
+from nmt.precision import run_lstm
 from nmt.shapes import linear_rows, padded_count
 from nmt.special import PAD_ID
 
@@ -124,7 +125,7 @@ class Decoder(nn.Module):
     # ----------------------------------------------------------------------------------------- steps
     def step_params(self, device: torch.device) -> StepParams:
         """The parameters used at every step, arranged once per batch (and cast once, not once per step,
-        to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.kernels.lstm.layer_params)
+        to the autocast dtype if autocast is on for `device`): the LSTM's layers (nmt.kernels.lstm_cell.layer_params)
         and W_c."""
         dtype = autocast_dtype(device.type)
         return StepParams(

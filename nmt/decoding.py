@@ -22,9 +22,8 @@ class Decoding:
     max_len_extra: int = 10
     batch_tokens: int | None = None  # padded source pieces per decoding batch; None: default_batch_tokens(beam_size)
     amp: Amp = Amp.auto  # auto (bf16 autocast where the hardware has bf16) | bf16 | off
-    # the decoder step's C++ kernels (nmt.kernels.compiled): auto_fp32 (the default) where decoding runs in fp32
-    # on a CPU with a C++ compiler, eager elsewhere; eager | auto | compiled as trainer.kernels
-    kernels: Kernels = Kernels.auto_fp32
+    # auto | eager: the search's C++ kernels as the run's plan chooses them (nmt.plan; the top-level `kernels`)
+    kernels: Kernels = Kernels.auto
 
 
 GREEDY_BATCH_TOKENS, BEAM_BATCH_TOKENS = 8000, 4000

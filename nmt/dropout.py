@@ -7,7 +7,7 @@ drops out its (B, H) state at every step, that was about 5% of a training step o
 Here each 64-bit draw from torch's generator (`random_()` on int64, 63 random bits) gives three independent
 16-bit uniforms u, and an element is kept when u >= round(p * 65536), with probability 1 - round(p * 65536)
 / 65536 (p = 0.2: 0.2 exactly to 5 decimal places); kept elements are scaled by 1 / (1 - p), as
-nn.Dropout does. Where the compiled kernels run (trainer.kernels), the words become the mask in one C++ pass
+nn.Dropout does. Where the run's plan uses dropout_mask (nmt.plan), the words become the mask in one C++ pass
 (nmt.kernels.keep_mask: the same numbers). The numbers come from torch's default generator, so seeding,
 checkpointed RNG state and resumed runs behave as with nn.Dropout (the masks themselves differ from
 nn.Dropout's). On other devices this is F.dropout.

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, invert_permutation, pack_padded_sequence, pad_packed_sequence
 
-from nmt.device import run_lstm
 from nmt.device_plan import to_device
 from nmt.dropout import Dropout
 from nmt.kernels.encoder_lstm import encoder_lstm
+from nmt.precision import run_lstm
 from nmt.self_attention import SelfAttentionStack
 from nmt.special import PAD_ID
 
@@ -91,7 +91,7 @@ class Encoder(nn.Module):
             packed_states, (h, c) = self.rnn(_pack(x, lengths.cpu()))
             states = _unpack(packed_states, S)  # (B, S, D)
         # contiguous once here: the unpacked LSTM's batch_first output is a transposed (S, B, D) buffer, and a
-        # decoder step's kernel (nmt.kernels.attention_step) or search step would otherwise copy it at every step
+        # decoder step's kernel (nmt.kernels.additive_step) or search step would otherwise copy it at every step
         states = self.dropout(states.contiguous())
         final_h, final_c = self._join(h), self._join(c)  # (L, B, D) each
         if self.self_attention is None:

@@ -27,7 +27,7 @@ from torch import Tensor
 from nmt.device_plan import work_sizes
 from nmt.kernels import step_gemm
 from nmt.kernels.compiled import is_in_torch_dispatch_mode
-from nmt.kernels.xent import smoothed_xent
+from nmt.kernels.smoothed_xent import smoothed_xent
 from nmt.shapes import ROW_MULTIPLE, padded_count
 from nmt.special import PAD_ID
 
@@ -96,7 +96,8 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
     the (N, V) logits and their gradient (54 MB each on the multi30k_deen preset, written to fresh pages every
     step) never exist, and the backward only scales the three gradients by the incoming one (the loss is the
     end of the graph: its gradient is a number). Costs the same matmuls as the layer and the loss apart. Where
-    the compiled kernels run, each piece's loss and gradient, the bias added, is one C++ call (nmt.kernels.xent)."""
+    the compiled kernels run, each piece's loss and gradient, the bias added, is one C++ call
+    (nmt.kernels.smoothed_xent)."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor, target: Tensor, eps: float, rows: int):
@@ -110,7 +111,11 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
             grad_weight.zero_()
         # W^T in nmt.kernels.step_gemm's panels once for all pieces, where the compiled kernels run (torch.mm lays
         # the 16 MB weight out again for every piece); not under a FLOP counter's dispatch mode
-        panels = None if N <= rows or is_in_torch_dispatch_mode() else step_gemm.pack(weight, backward=False)
+        panels = (
+            None
+            if N <= rows or is_in_torch_dispatch_mode()
+            else step_gemm.pack(weight, backward=False, component="output_loss")
+        )
         for r0 in range(0, N, rows):
             r1 = min(N, r0 + rows)
             if panels is None:
@@ -141,7 +146,7 @@ class _OutputLayerCrossEntropy(torch.autograd.Function):
 
 
 def _loss_and_gradient(z: Tensor, target: Tensor, real: Tensor, losses: Tensor, eps: float) -> None:
-    """nmt.kernels.xent.smoothed_xent in torch operations: the logits z (R, V) fp32 become the gradient of their
+    """nmt.kernels.smoothed_xent in torch operations: the logits z (R, V) fp32 become the gradient of their
     label-smoothed cross-entropy (zero on PAD targets, `real` False) and each row's loss goes to losses (R,), in
     cache-sized pieces (nmt.device_plan: loss_rows), each read and rewritten while it is hot."""
     R, V = z.shape

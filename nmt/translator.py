@@ -8,9 +8,9 @@ Sentences are sorted by source length and cut into batches of at most `batch_tok
 tokens (by default 8,000 for greedy search and 4,000 for beam search: nmt.decoding.default_batch_tokens), so
 the output never depends on the batch size or on which sentences share a batch. An empty (or whitespace-only)
 input gives one empty Translation without running the model; a source longer than `max_src_pieces` pieces is
-cut to that many (EOS kept) with a logged warning naming the line. Where `kernels` (decoding.kernels) chooses
-them, the search's decoder step runs the hand-written C++ kernels (nmt.kernels.compiled.kernels_for), whatever
-the process's own choice (a Trainer's) is.
+cut to that many (EOS kept) with a logged warning naming the line. The search's plan (nmt.plan, from
+`kernels`: auto | eager) says which hand-written C++ kernels its steps run (nmt.kernels.compiled.kernels_for),
+whatever the process's own choice (a Trainer's) is.
 Shapes: B sentences in a batch, S source pieces (EOS included), T output pieces (EOS excluded).
 """
 
@@ -26,10 +26,11 @@ from torch import Tensor
 
 from nmt.choices import Kernels
 from nmt.decoding import Decoding, default_batch_tokens
-from nmt.device import precision_choice
 from nmt.errors import ConfigError
-from nmt.kernels.compiled import choose_kernels, kernels_for
+from nmt.kernels.compiled import kernels_for
 from nmt.model import Seq2Seq
+from nmt.plan import plan_for_search
+from nmt.precision import precision_choice
 from nmt.search import search
 from nmt.special import EOS_ID, PAD_ID
 from nmt.tokenizer import Tokenizer
@@ -83,9 +84,9 @@ class Translator:
         # bf16 decoding: faster where the hardware has bf16, same BLEU (scripts/benchmark.py compares both)
         self.bf16, self.precision_reason = precision_choice(amp, self.device.type)
         log.info("decoding precision: %s (%s)", "bf16" if self.bf16 else "fp32", self.precision_reason)
-        # C++ kernels for the decoder step where they pay (docs/performance.md, "Decoding kernels")
-        self.kernels, self.kernels_reason = choose_kernels(kernels, self.device, self.bf16, "decoding.kernels")
-        log.info("decoding kernels: %s (%s)", self.kernels, self.kernels_reason)
+        # the search's components and why (nmt.plan): the decoder step's C++ kernels where they pay
+        self.plan = plan_for_search(self.model, self.device.type, self.bf16, self.precision_reason, kernels)
+        self.kernels = Kernels.compiled if self.plan.kernels else Kernels.eager
         self.max_src_pieces = max_src_pieces
         self.checkpoint: str | None = None  # set by from_checkpoint; reported by nmt.evaluation
 
@@ -139,7 +140,7 @@ class Translator:
             "precision": "bf16" if self.bf16 else "fp32",
             "precision_reason": self.precision_reason,  # e.g. "amp=auto: AMX computes bf16 natively"
             "kernels_resolved": str(self.kernels),
-            "kernels_reason": self.kernels_reason,
+            "plan": self.plan.record(),
             "max_src_pieces": self.max_src_pieces,
             "device": str(self.device),
             "attention": self.model.config.attention,
@@ -220,9 +221,8 @@ class Translator:
         for b, s in enumerate(seqs):
             src[b, : len(s)] = torch.tensor(s, dtype=torch.long)
         d = self.decoding
-        strict = self.decoding.kernels == Kernels.compiled  # insisted on: a failed build is an error
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
-        with kernels_for(self.kernels, strict), autocast:
+        with kernels_for(self.plan.kernels, self.plan.strict), autocast:
             return search(
                 self.model,
                 src.to(self.device),

@@ -27,8 +27,8 @@ import benchmark  # noqa: E402  (scripts/benchmark.py: the same training setting
 
 from nmt.averaging import WeightAverage  # noqa: E402
 from nmt.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
-from nmt.device import describe_machine  # noqa: E402
 from nmt.memory import tune_for_decoding  # noqa: E402
+from nmt.provenance import describe_machine  # noqa: E402
 from nmt.trainer import Trainer, TrainerHook  # noqa: E402
 
 

@@ -34,7 +34,7 @@ What it measures, in order:
      --work folder pip-installs the peer into <work>/peer (network needed); pass the same --work to reuse it.
 
 --emulate-avx2 starts the script again with torch's ATen kernels, oneDNN and MKL kept to AVX2
-(nmt.device.AVX2_EMULATION) and trainer.amp=off, peers included: fp32 as on an AVX2-only CPU, on this one.
+(nmt.cpu.AVX2_EMULATION) and trainer.amp=off, peers included: fp32 as on an AVX2-only CPU, on this one.
 It is not an AVX2 machine (this CPU's caches, clock and memory stay); the JSON says `emulated: avx2` and so
 does the table's first line.
 
@@ -76,11 +76,16 @@ from nmt.cli.common import (
     load_data,
     user_errors,
 )
-from nmt.data import PreparedData, padding_overhead
-from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate, resolve_device
+from nmt.cpu import AVX2_EMULATION, emulate_avx2, emulated
+from nmt.data import PreparedData
+from nmt.device import resolve_device
+from nmt.health import Windows, health
+from nmt.matmul_rate import matmul_rate
 from nmt.memory import tune_allocator, tune_for_decoding, untuned_environment
 from nmt.metrics import corpus_scores
 from nmt.model import ModelConfig
+from nmt.provenance import describe_machine
+from nmt.sampler import padding_overhead
 from nmt.trainer import Trainer, TrainerHook
 from nmt.translator import Translator
 
@@ -106,7 +111,7 @@ TINY_OVERRIDES = [
     "model.hidden_size=64",
     "trainer.batch_tokens=300",
     # a 3 s budget: nothing to compile (a cold torch.compile under bf16 outlasts it, whatever the preset says)
-    "trainer.kernels=eager",
+    "kernels=eager",
 ]
 # OpenNMT-py 3.5.1 in ../shared/peers/README.md (another session, same kind of machine): used for the
 # floors only when no OpenNMT-py run was made in this invocation.
@@ -315,8 +320,8 @@ def train(
     data = load_data(cfg)
     prep_seconds = time.perf_counter() - start
     rss_after_prep = max_rss_gib()
-    meter = Meter()
-    trainer = build_run(cfg, run_dir, device, data, hooks=[meter, *hooks])
+    meter, windows = Meter(), Windows()
+    trainer = build_run(cfg, run_dir, device, data, hooks=[meter, windows, *hooks])
     model, tcfg = trainer.module, trainer.cfg
     real, padded = padding_overhead(trainer.train_split, trainer.sampler.batches(0))
     log.info(
@@ -328,6 +333,7 @@ def train(
     start = time.perf_counter()
     summary = trainer.train()
     total_seconds = time.perf_counter() - start
+    windows.close(trainer.step)  # the last, partial window
     train_seconds = trainer.elapsed  # the loop's wall clock (validations inside the budget included)
     steps_per_epoch = max(math.ceil(len(trainer.sampler) / tcfg.accumulate), 1)
     result = {
@@ -356,6 +362,11 @@ def train(
         "rss_after_data_prep_gib": round(rss_after_prep, 3),
         "valid_bleu": (summary.get("final") or {}).get("bleu"),
         "checkpoint": summary["last_checkpoint"],
+        "plan": summary["plan"],  # nmt.plan: {component: {implementation, reason}}
+        # nmt.health: every 50 steps the rate, page faults and other runnable processes; the flags in words
+        "windows": windows.records,
+        "health": health(windows.records, torch.get_num_threads()),
+        "fallbacks": summary["fallbacks"],
     }
     return result, Path(summary["last_checkpoint"]), data
 
@@ -371,7 +382,7 @@ def decode_only(
 ) -> tuple[dict, list[str]]:
     """Translator.translate's seconds and BLEU in this process (amp: the decoding precision, as nmt-translate),
     after one sentence's warm-up, timed apart: the decoder step's C++ kernels are loaded then, or built where this
-    machine has not built them yet (decoding.kernels; seconds, once per machine). The whole-process figure of
+    machine has not built them yet (kernels; seconds, once per machine). The whole-process figure of
     `decode` includes everything."""
     translator = Translator.from_checkpoint(checkpoint, device, beam_size=beam, length_penalty=1.0, amp=amp)
     start = time.perf_counter()
@@ -388,7 +399,7 @@ def decode_only(
         "precision": translator.settings["precision"],
         "precision_reason": translator.settings["precision_reason"],
         "kernels": translator.settings["kernels_resolved"],
-        "kernels_reason": translator.settings["kernels_reason"],
+        "plan": translator.settings["plan"],
         "warmup_seconds": round(warmup, 3),
         "decode_seconds": round(seconds, 3),
         "sentences_per_s": round(len(sources) / seconds, 2),
@@ -693,6 +704,16 @@ def format_table(report: dict) -> str:
                     f"{fmt(dec['fp32']['decode_seconds'], '.2f')} / {fmt(dec['fp32']['bleu'], '.2f')}",
                 )
             )
+    h = train.get("health") or {}
+    if h.get("windows"):
+        lowest, median, spread = h.get("lowest_over_median"), h.get("median_target_tokens_per_s"), h.get("spread")
+        extras.append(
+            (
+                "50-step windows: lowest over median, median target tokens/s (spread); flags",
+                f"{fmt(lowest, '.2f')}, {fmt(median, ',.0f')} ({fmt(spread, '.0%')}); "
+                + ("; ".join(h["flags"]) or "none"),
+            )
+        )
     lines += ["", "| ours | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in extras]
     lines += ["", "| floor (reported, not asserted) | ours | target | met | basis |", "|---|---|---|---|---|"]
     for f in report["floors"]:
@@ -771,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         "overrides": overrides,
         "work": str(work),
-        "emulated": emulated(),  # "avx2": --emulate-avx2 (nmt.device.AVX2_EMULATION), not a real AVX2 machine
+        "emulated": emulated(),  # "avx2": --emulate-avx2 (nmt.cpu.AVX2_EMULATION), not a real AVX2 machine
         "machine": describe_machine(args.threads),
         "device": device,
         "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)

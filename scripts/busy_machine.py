@@ -19,7 +19,7 @@ compared with the issue's floors:
 
 Before each quiet run the load of other processes is measured for a second (nmt.threads.LoadMeter) and recorded;
 a quiet run beside more than a quarter of a core of other work is flagged. --out writes every run and the
-summary as JSON, with the machine (nmt.device.describe_machine) and this command.
+summary as JSON, with the machine (nmt.provenance.describe_machine) and this command.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nmt.device import describe_machine
+from nmt.provenance import describe_machine
 from nmt.threads import LoadMeter
 
 BIN = Path(sys.executable).parent

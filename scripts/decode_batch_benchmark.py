@@ -11,7 +11,7 @@ scripts/benchmark.py --emulate-avx2 does; the JSON records torch's CPU capabilit
 
     python scripts/decode_batch_benchmark.py run/checkpoints/last.pt test.de --out decode_batch.json
     python scripts/decode_batch_benchmark.py last.pt test.de --amp off --beam 1,5 --batch-tokens 4000,8000 \\
-        --kernels eager,auto_fp32 --rounds 4
+        --kernels eager,auto --rounds 4
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import nmt.cli  # noqa: F401  (the CPU memory settings of nmt/memory.py: before 
 # isort: split
 import torch
 
-from nmt.device import describe_machine
 from nmt.memory import tune_for_decoding
+from nmt.provenance import describe_machine
 from nmt.translator import Translator
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--batch-tokens", default="8000,4000,2000,1000", help="comma-separated sizes to time")
     p.add_argument("--amp", default="off,auto", help="comma-separated --amp values (off: fp32)")
     p.add_argument("--beam", default="1,5", help="comma-separated beam sizes")
-    p.add_argument("--kernels", default="eager", help="comma-separated decoding.kernels values (eager, auto_fp32)")
+    p.add_argument("--kernels", default="eager", help="comma-separated kernels values (eager, auto)")
     p.add_argument("--rounds", type=int, default=2, help="passes over every setting, in turn (default 2)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="write every timing here (JSON)")

@@ -31,7 +31,7 @@ import nmt.cli  # noqa: F401  (the commands' malloc and memory settings: must co
 # isort: split
 import torch
 
-from nmt.device import describe_machine
+from nmt.provenance import describe_machine
 
 
 def per_element(fn, elements: int, seconds: float = 0.5) -> float:

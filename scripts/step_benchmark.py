@@ -47,10 +47,11 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 import torch
 
 from nmt.cli.common import build_run, compose_config, load_data, user_errors
-from nmt.data import EncodedSplit, TokenBatchSampler, collate
-from nmt.device import describe_machine
+from nmt.data import EncodedSplit, collate
 from nmt.loss import loss_rows
 from nmt.memory import VARIABLES, tune_allocator
+from nmt.provenance import describe_machine
+from nmt.sampler import TokenBatchSampler
 from nmt.special import PAD_ID
 
 VARIANTS = {  # name: (amp, bucketing, input_feeding)

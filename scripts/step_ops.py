@@ -33,9 +33,9 @@ import nmt.cli  # noqa: F401  (sets the CPU memory settings of nmt/memory.py: mu
 import torch
 
 from nmt.cli.common import build_run, compose_config, user_errors
-from nmt.device import describe_machine
 from nmt.device_plan import PLANS
 from nmt.dispatch import DispatchCount
+from nmt.provenance import describe_machine
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:

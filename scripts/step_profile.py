@@ -30,7 +30,7 @@ Runs in fp32 (trainer.amp=off: on CPUs without bf16 hardware that is how nmt-tra
 sets trainer.amp; the "of mm" column is against the fp32 rate either way. --min-source N profiles the
 training examples whose source has N pieces or more only, batched as scripts/step_benchmark.py does.
 --emulate-avx2 starts the script again with torch's ATen kernels, oneDNN and MKL kept to AVX2
-(nmt.device.AVX2_EMULATION; trainer.amp=off after every override): the fp32 path as on an AVX2-only CPU, on
+(nmt.cpu.AVX2_EMULATION; trainer.amp=off after every override): the fp32 path as on an AVX2-only CPU, on
 this one. It is not an AVX2 machine (this CPU's caches, clock and memory stay); the output's first line and the
 JSON (`emulated: avx2`) say so.
 """
@@ -53,10 +53,12 @@ from step_benchmark import long_examples  # this script's neighbour (scripts/ is
 from torch.utils.flop_counter import FlopCounterMode
 
 from nmt.cli.common import build_run, compose_config, user_errors
+from nmt.cpu import AVX2_EMULATION, emulate_avx2, emulated
 from nmt.data import collate
 from nmt.decoder import active_rows, first_rows
-from nmt.device import AVX2_EMULATION, describe_machine, emulate_avx2, emulated, matmul_rate
 from nmt.loss import loss_rows, output_loss_sum, token_loss
+from nmt.matmul_rate import matmul_rate
+from nmt.provenance import describe_machine
 from nmt.special import PAD_ID
 
 WARMUP = 3

@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -90,10 +91,13 @@ def quick_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def torch_compiles() -> bool:
     """Whether torch.compile works on this machine (it needs a C++ compiler): the tests of the compiled
-    kernels (nmt.kernels.compiled) are skipped where it does not."""
+    kernels (nmt.kernels.compiled) are skipped where it does not, or fail where NMT_REQUIRE_KERNELS=1 (CI, which
+    installs a compiler: .ci/run)."""
     try:
         torch.compile(lambda x: x.sigmoid() * 2, dynamic=True)(torch.randn(3))
-    except Exception:  # no compiler, no Python headers: Inductor's errors have no common base
+    except Exception as e:  # no compiler, no Python headers: Inductor's errors have no common base
+        if os.environ.get("NMT_REQUIRE_KERNELS") == "1":
+            pytest.fail(f"NMT_REQUIRE_KERNELS=1 but torch.compile fails here ({type(e).__name__}: {str(e)[:200]})")
         return False
     return True
 
@@ -107,6 +111,35 @@ def compiled(torch_compiles):
     from nmt.kernels.compiled import set_kernels
 
     set_kernels("compiled")
+
+
+class CountedKernels(dict):
+    """nmt.kernels.compiled's cache of built kernels whose every entry counts its calls, by the C++ source's
+    file name (hand-written kernels) or the compiled function's name (torch.compile's): `calls`."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: Counter = Counter()
+
+    def __setitem__(self, key, fn):
+        name = key[0].name if isinstance(key, tuple) else getattr(key, "__name__", str(key))
+
+        def counted(*args):
+            self.calls[name] += 1
+            return fn(*args)
+
+        super().__setitem__(key, counted)
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> Counter:
+    """The calls of every kernel built or loaded during the test (an empty cache first: libraries built before
+    load again from disk in milliseconds), by source file name: a kernel's test asserts that the kernel ran."""
+    from nmt.kernels import compiled as compiled_module
+
+    cache = CountedKernels()
+    monkeypatch.setattr(compiled_module, "_cache", cache)
+    return cache.calls
 
 
 @pytest.fixture(autouse=True)

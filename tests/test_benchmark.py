@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nmt.attention import ATTENTIONS
-from nmt.device import AVX2_EMULATION, CPU_FLAGS, cpu_flags, cpu_kind
+from nmt.cpu import AVX2_EMULATION, CPU_FLAGS, cpu_flags, cpu_kind
 from nmt.memory import ENV_DEFAULTS
 from nmt.model import ModelConfig
 
@@ -133,12 +133,14 @@ def test_tiny_run_writes_the_expected_json(tiny):
         "padding_overhead",
     )
     assert report["train"]["padding_overhead"] >= 1
+    plan = report["train"]["plan"]  # nmt.plan: every component with its reason (--tiny: kernels=eager)
+    assert len(plan) >= 6 and plan["encoder"]["reason"] == "kernels=eager"
     assert Path(report["train"]["checkpoint"]).is_file()
     for label, beam in (("greedy", 1), ("beam5", 5)):
         dec = report["decode"][label]
         assert dec["beam"] == beam and dec["sentences"] == 20
         positive(dec, "decode_seconds", "process_seconds", "sentences_per_s", "warmup_seconds")
-        assert dec["kernels"] in ("compiled", "eager") and dec["kernels_reason"].startswith("decoding.kernels=")
+        assert dec["kernels"] in ("compiled", "eager") and dec["plan"]["beam_topk"]["reason"]
         assert 0 <= dec["bleu"] <= 100 and dec["process_output_matches"] is True
         assert dec["precision"] in ("bf16", "fp32") and ("fp32" in dec) == (dec["precision"] == "bf16")
         assert dec["precision_reason"].startswith("amp=auto: ")  # why bf16 or not, in words
@@ -397,7 +399,7 @@ def test_step_profile_splits_the_step_into_phases(tmp_path, attention, min_sourc
 
 def test_emulated_avx2_trains_in_fp32_and_the_table_says_it_is_an_emulation(tiny, tmp_path):
     """--emulate-avx2: trainer.amp=off after every override; a report that says `emulated: avx2` (as
-    nmt.device.emulate_avx2's process writes) opens its table with an emulation's plain words; --table
+    nmt.cpu.emulate_avx2's process writes) opens its table with an emulation's plain words; --table
     re-prints it so."""
     bench = load_benchmark()
     args = bench.parse_args(["--tiny", "--emulate-avx2", "trainer.amp=bf16"])

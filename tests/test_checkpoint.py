@@ -67,7 +67,7 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, where
 def test_provenance_loads_and_torch_version_is_a_plain_string(tmp_path):
     """A checkpoint's provenance is plain values; checkpoints that stored torch's TorchVersion object
     (a str subclass, refused by weights_only loading unless allowed) still load."""
-    from nmt.device import provenance
+    from nmt.provenance import provenance
 
     facts = provenance(1)
     assert type(facts["torch"]) is str and facts["torch"] == str(torch.__version__)

@@ -1,6 +1,6 @@
 """The hand-written C++ kernels of a decoder step (nmt/kernels/csrc) compute the plain forms' numbers and gradients:
-the additive attention's step (nmt.kernels.attention_step: scores v^T tanh(q + k), masked softmax, context) and the
-LSTM cell (nmt.kernels.lstm), alone and inside the decoder's loop."""
+the additive attention's step (nmt.kernels.additive_step: scores v^T tanh(q + k), masked softmax, context) and the
+LSTM cell (nmt.kernels.lstm_cell), alone and inside the decoder's loop."""
 
 import pytest
 import torch
@@ -8,10 +8,10 @@ import torch
 import nmt.kernels.compiled as compiled_module
 from nmt.attention import AdditiveAttention
 from nmt.errors import ConfigError
-from nmt.kernels.attention_step import RANGE, additive_step, factored_keys
+from nmt.kernels.additive_step import RANGE, additive_step, factored_keys
 from nmt.kernels.compiled import set_kernels
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.lstm import lstm_cell
+from nmt.kernels.lstm_cell import lstm_cell
 from nmt.kernels.stepweight import StepMatrix
 from nmt.loss import token_loss
 from nmt.model import ModelConfig, Seq2Seq
@@ -53,7 +53,7 @@ def step_keys(keys: torch.Tensor, factored: bool):
 
 @pytest.mark.parametrize("factored", [False, True], ids=["exp per element", "factored"])
 @pytest.mark.parametrize("B,S,A,D,lengths", SHAPES)
-def test_step_and_gradients_equal_the_exact_form(B, S, A, D, lengths, factored, compiled):
+def test_step_and_gradients_equal_the_exact_form(B, S, A, D, lengths, factored, compiled, kernel_calls):
     """Context, weights and the gradients of q, keys, v and values (through the context and the weights) are
     the fp64 plain form's to fp32 accuracy, with the sigmoids from an exp per element (plain keys) or factored
     (a loop's keys with exp(-2 k)); padding gets exactly zero weight."""
@@ -73,9 +73,10 @@ def test_step_and_gradients_equal_the_exact_form(B, S, A, D, lengths, factored, 
     for a, b in zip([context, weights, *grads], [ref_context, ref_weights, *ref_grads], strict=True):
         # fp32 sums and torch's fast exp (20 ulp): 1e-5 of the largest value (measured: at most 1e-6 of it)
         torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * b.abs().max().item())
+    assert kernel_calls["additive_step.cpp"] >= 2  # the forward and the backward ran in C++
 
 
-def test_bf16_values_read_and_written_in_bf16(compiled):
+def test_bf16_values_read_and_written_in_bf16(compiled, kernel_calls):
     """Under bf16 autocast the values (and the context) are bf16 (nmt.device.step_dtype): the context is the
     plain form's on the same bf16 values, rounded once to bf16."""
     q, keys, v, values, mask = random_step(3, 21, 24, 40, seed=7, lengths=[21, 9, 15])
@@ -87,10 +88,11 @@ def test_bf16_values_read_and_written_in_bf16(compiled):
     torch.testing.assert_close(context.double(), ref_context, rtol=2**-8, atol=1e-6)  # one bf16 rounding
     (grad,) = torch.autograd.grad(context.float().sum(), values)
     assert grad.dtype == torch.bfloat16 and (grad[~mask] == 0).all()
+    assert kernel_calls["additive_step.cpp"] > 0
 
 
 @pytest.mark.parametrize("factored", [False, True], ids=["exp per element", "factored"])
-def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(factored, compiled):
+def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(factored, compiled, kernel_calls):
     """In a decoder loop (StepKeys, StepMatrix; fewer sentences at later steps) every step adds its share of
     the keys' and values' gradients: the same as autograd's per-step gradients of the plain form (factored: with
     queries far beyond the keys' range in some rows, one factor near overflow, the other near underflow)."""
@@ -115,6 +117,7 @@ def test_a_loop_sums_the_keys_and_values_gradients_over_its_steps(factored, comp
     )
     for a, b in zip(torch.autograd.grad(loss, leaves), torch.autograd.grad(ref, exact), strict=True):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * b.abs().max().item())
+    assert kernel_calls["additive_step.cpp"] > 0
 
 
 def rnnsearch(input_feeding: bool, layers: int, self_attention_layers: int = 0) -> Seq2Seq:
@@ -133,7 +136,7 @@ def rnnsearch(input_feeding: bool, layers: int, self_attention_layers: int = 0) 
     ids=["nofeed", "feed", "deep", "selfattention"],
 )
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
-def test_training_step_equals_the_eager_kernels(input_feeding, layers, self_attention, amp, compiled):
+def test_training_step_equals_the_eager_kernels(input_feeding, layers, self_attention, amp, compiled, kernel_calls):
     """RNNsearch's teacher-forced loop on the C++ attention step and LSTM cells: the loss, the weights and
     every gradient of the eager (torch) loop, on a batch whose targets end at different steps (with a block of
     self-attention over the encoder states too: model.self_attention_layers=1)."""
@@ -161,6 +164,7 @@ def test_training_step_equals_the_eager_kernels(input_feeding, layers, self_atte
     torch.testing.assert_close(weights, weights_ref, **tol)
     for k, grad in grads_ref.items():
         torch.testing.assert_close(grads[k], grad, **tol, msg=k)
+    assert kernel_calls["lstm_cell.cpp"] > 0
 
 
 def test_the_factored_form_needs_keys_in_range_and_the_kernel(compiled):
@@ -193,7 +197,7 @@ def test_the_step_runs_only_where_the_kernels_are_compiled(compiled):
 
 def test_a_failing_build_falls_back_to_the_torch_step_or_fails_when_insisted_on(monkeypatch, caplog):
     """As a failed torch.compile (nmt.kernels.compiled): auto warns once and goes on with torch operations;
-    trainer.kernels=compiled is a ConfigError that names the fix."""
+    kernels=compiled is a ConfigError that names the fix."""
     from torch._inductor import codecache
 
     def broken(*_args, **_kwargs):
@@ -207,9 +211,9 @@ def test_a_failing_build_falls_back_to_the_torch_step_or_fails_when_insisted_on(
     assert set_kernels("auto", "cpu") == "compiled"
     with caplog.at_level("WARNING"):
         assert additive_step(q, keys, v, values, mask) is None
-    assert "torch.compile failed" in caplog.text and compiled_module.kernels() == "eager"
+    assert "building a kernel failed" in caplog.text and compiled_module.kernels() == "eager"
     set_kernels("compiled")
-    with pytest.raises(ConfigError, match="trainer.kernels=eager"):
+    with pytest.raises(ConfigError, match="kernels=eager"):
         additive_step(q, keys, v, values, mask)
 
 
@@ -221,7 +225,7 @@ def plain_cell(x0, wx, c):
 
 @pytest.mark.parametrize("H", [3, 16, 37, 256])
 @pytest.mark.parametrize("x0_kind", ["strided", "bias"])
-def test_lstm_cell_and_gradients_equal_the_exact_form(H, x0_kind, compiled):
+def test_lstm_cell_and_gradients_equal_the_exact_form(H, x0_kind, compiled, kernel_calls):
     """h and the new cell, and the gradients of x0 (a strided view of the embeddings' projection for all
     steps, or the bias of a layer above the first), wx and c: the fp64 form's to fp32 accuracy."""
     g = torch.Generator().manual_seed(H)
@@ -243,9 +247,10 @@ def test_lstm_cell_and_gradients_equal_the_exact_form(H, x0_kind, compiled):
         grad_x0 = grad_x0[:, 1]
     for a, b in zip([h, cell, grad_x0, *grads[1:]], [ref_h, ref_cell, *ref_grads], strict=True):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-6 * max(1.0, b.abs().max().item()))
+    assert kernel_calls["lstm_cell.cpp"] >= 2
 
 
-def test_lstm_cell_in_bf16_keeps_the_cell_in_fp32(compiled):
+def test_lstm_cell_in_bf16_keeps_the_cell_in_fp32(compiled, kernel_calls):
     """Under bf16 autocast wx (W_r's product) is bf16: h comes out in bf16 (the next matmul's input), the
     cell in fp32 (it accumulates over every step), both the plain form's on the same inputs."""
     g = torch.Generator().manual_seed(0)
@@ -255,9 +260,10 @@ def test_lstm_cell_in_bf16_keeps_the_cell_in_fp32(compiled):
     assert h.dtype == torch.bfloat16 and cell.dtype == torch.float32
     torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
     torch.testing.assert_close(h.double(), ref_h, rtol=2**-8, atol=1e-6)  # one bf16 rounding
+    assert kernel_calls["lstm_cell.cpp"] > 0
 
 
-def test_lstm_cell_saturates_as_fp64_and_keeps_nan(compiled):
+def test_lstm_cell_saturates_as_fp64_and_keeps_nan(compiled, kernel_calls):
     """Pre-activations far out (to +-200, past where exp overflows in fp32: the cell's exp clamps there) give the
     saturated gates fp64 gives, and a NaN in one pre-activation reaches that unit's h and cell, not a number the
     clamp made of it; the other rows stay finite."""
@@ -272,9 +278,10 @@ def test_lstm_cell_saturates_as_fp64_and_keeps_nan(compiled):
     h, cell = lstm_cell(x0, wx, c)
     assert h[1, 5].isnan() and cell[1, 5].isnan()
     assert h[[0, 2]].isfinite().all() and cell[[0, 2]].isfinite().all()
+    assert kernel_calls["lstm_cell.cpp"] > 0
 
 
-def test_step_by_step_decoding_equals_teacher_forcing_on_the_kernels(compiled):
+def test_step_by_step_decoding_equals_teacher_forcing_on_the_kernels(compiled, kernel_calls):
     """Search's single step (no gradient, plain keys and values) on the C++ kernels gives the teacher-forced
     loop's logits and weights, as the torch step does."""
     model = rnnsearch(input_feeding=False, layers=1).eval()
@@ -291,56 +298,30 @@ def test_step_by_step_decoding_equals_teacher_forcing_on_the_kernels(compiled):
     torch.testing.assert_close(torch.stack([o for o, _ in steps], 1), logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(torch.stack([w for _, w in steps], 1), weights, rtol=0, atol=1e-6)
     assert (weights[1, :, 5:] == 0).all()
+    assert kernel_calls["additive_step.cpp"] > 0
 
 
-def test_the_kernels_build_without_a_vector_isa(compiled, monkeypatch):
-    """Where Inductor finds no vector ISA (simdlen 1 stands for such a CPU), the kernels build as plain C++
-    and compute the same numbers."""
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setattr(compiled_module, "_cache", {})  # build again, without the vector ISA
-    q, keys, v, values, mask = random_step(2, 9, 20, 11, seed=9, lengths=[9, 4])
-    x0, wx, c = torch.randn(3, 28), torch.randn(3, 28), torch.randn(3, 7)
-    with inductor_config.patch({"cpp.simdlen": 1}):  # Inductor's own patch: restored after, for every test
-        context, weights = additive_step(q, keys, v, values, mask)
-        h, cell = lstm_cell(x0, wx, c)
-    ref_context, ref_weights = plain(q.double(), keys.double(), v.double(), values.double(), mask)
-    torch.testing.assert_close(context.double(), ref_context, rtol=0, atol=1e-5 * ref_context.abs().max().item())
-    torch.testing.assert_close(weights.double(), ref_weights, rtol=0, atol=1e-6)
-    ref_h, ref_cell = plain_cell(x0.double(), wx.double(), c.double())
-    torch.testing.assert_close(h.double(), ref_h, rtol=0, atol=1e-6)
-    torch.testing.assert_close(cell.double(), ref_cell, rtol=0, atol=1e-6)
-
-
-@pytest.mark.parametrize(
-    "dtype, panels",
-    [(torch.float32, True), (torch.float32, False), (torch.bfloat16, False)],
-    ids=["fp32", "fp32-onednn", "bf16"],
-)
-def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, panels, compiled, monkeypatch):
-    """A step weight packed where the compiled kernels run (fp32: in nmt.kernels.step_gemm's panels; bf16: for
-    oneDNN; fp32 for oneDNN only when asked, as here: nmt.kernels.stepweight.Packed says why not): x W^T and the
-    input gradient g W of steps with any number of rows, and the weight's gradient summed over them, are the
-    plain products'."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, compiled, kernel_calls):
+    """A step weight packed where step_products runs (fp32: in nmt.kernels.step_gemm's panels; bf16: for oneDNN,
+    on a CPU with bf16 hardware): x W^T and the input gradient g W of steps with any number of rows, and the
+    weight's gradient summed over them, are the plain products'."""
     import torch.nn.functional as F
 
-    import nmt.kernels.stepweight as stepweight
-    from nmt.device import native_bf16
     from nmt.kernels.step_gemm import Panels
     from nmt.kernels.stepweight import Packed, StepWeight
+    from nmt.precision import native_bf16
 
-    if dtype == torch.bfloat16 and not native_bf16("cpu"):
-        pytest.skip("bf16 weights are packed only on a CPU with bf16 hardware")
     g = torch.Generator().manual_seed(8)
     weight = torch.randn(24, 40, generator=g).to(dtype).requires_grad_()
     xs = [torch.randn(n, 40, generator=g).to(dtype).requires_grad_() for n in (7, 32, 33, 1)]
-    assert isinstance(StepWeight.of(weight, None).packed, Panels if dtype == torch.float32 else Packed)  # training's
-    monkeypatch.setitem(stepweight._PACKING, "panels", panels)
-    monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32, torch.bfloat16))
     step = StepWeight.of(weight, None)
-    assert isinstance(step.packed, Panels if panels else Packed)
+    packs = dtype == torch.float32 or native_bf16("cpu")  # oneDNN packs bf16 only on bf16 hardware (AVX-512 BF16)
+    assert isinstance(step.packed, Panels if dtype == torch.float32 else Packed) if packs else step.packed is None
     ours = sum((step(x).float() * (i + 1)).sum() for i, x in enumerate(xs))
     grads = torch.autograd.grad(ours, [weight, *xs])
+    if dtype == torch.float32:
+        assert kernel_calls["step_gemm.cpp"] >= 1 + 2 * len(xs)  # the packing, every product both ways
     exact = [t.detach().double().requires_grad_() for t in (weight, *xs)]  # the same values, in fp64
     plain = sum((F.linear(x, exact[0]) * (i + 1)).sum() for i, x in enumerate(exact[1:]))
     ref = torch.autograd.grad(plain, exact)
@@ -353,19 +334,18 @@ def test_packed_step_weights_give_the_plain_products_and_gradients(dtype, panels
 
 
 def test_packing_turns_off_where_onednn_refuses(monkeypatch, compiled):
-    """A torch whose oneDNN refuses the packing (or has moved the op): the plain products, for the rest of
-    the process, and the same numbers."""
+    """A torch whose oneDNN refuses to pack a bf16 weight (or has moved the op): the plain products, for the rest
+    of the process, and the same numbers."""
     import nmt.kernels.stepweight as stepweight
 
     def refuse(weight):
         raise RuntimeError("no packing here")
 
     monkeypatch.setitem(stepweight._PACKING, "works", True)
-    monkeypatch.setitem(stepweight._PACKING, "panels", False)  # an fp32 weight for oneDNN: packed when asked
-    monkeypatch.setitem(stepweight._PACKING, "dtypes", (torch.float32,))
+    monkeypatch.setattr(stepweight, "native_bf16", lambda device_type: True)
     monkeypatch.setattr(stepweight, "_reorder", refuse)
-    weight = torch.randn(6, 5, requires_grad=True)
+    weight = torch.randn(6, 5).bfloat16().requires_grad_()
     step = stepweight.StepWeight.of(weight, None)
     assert step.packed is None and not stepweight._PACKING["works"]
-    x = torch.randn(3, 5)
+    x = torch.randn(3, 5).bfloat16()
     torch.testing.assert_close(step(x), x @ weight.t())

@@ -73,10 +73,10 @@ def test_a_cuda_step_computes_the_cpu_steps_loss_and_gradients(mixed, tmp_path):
 
 
 def test_the_feed_pins_its_batches_and_copies_them_to_the_gpu(mixed):
-    from nmt.feed import BatchFeed
+    from nmt.device_batches import DeviceBatches
 
     split, group = mixed.encoded["train"], [list(range(0, 9)), list(range(9, 20))]
-    feed = BatchFeed(CUDA, torch.device("cuda"))
+    feed = DeviceBatches(CUDA, torch.device("cuda"))
     assert all(batch.src.is_pinned() and rows.is_pinned() for batch, rows in feed._prepare(split, group))
     taken = feed.take(split, group, [[list(range(20, 30))]])
     for (batch, rows), indices in zip(taken, group, strict=True):

@@ -10,7 +10,8 @@ import torch
 from nmt.choices import Bucketing
 from nmt.corpora import Corpus, load_synthetic
 from nmt.corpora.windows import add_window_splits
-from nmt.data import EncodedSplit, TokenBatchSampler, TokenizerSettings, collate, padding_overhead, prepare
+from nmt.data import EncodedSplit, TokenizerSettings, collate, prepare
+from nmt.sampler import TokenBatchSampler, padding_overhead
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
 SENTENCES = [

@@ -1,4 +1,5 @@
-"""Precision and kernels chosen per machine, and the reasons the log lines give (nmt.device, nmt.kernels.compiled).
+"""Precision and kernels chosen per machine, and the reasons the log lines give (nmt.precision, nmt.cpu,
+nmt.kernels.compiled).
 
     python -m pytest -q tests/test_device.py
 
@@ -10,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nmt import device
+import nmt.cpu
+from nmt import precision, provenance
 from nmt.errors import ConfigError
-from nmt.kernels import compiled
 
-NONE = dict.fromkeys(device.CPU_FLAGS, False)
+NONE = dict.fromkeys(nmt.cpu.CPU_FLAGS, False)
 FLAGS = {  # each CPU kind with the flags it has (a CPU of a kind has the flags of the kinds below it)
     "AVX2": {**NONE, "avx2": True},
     "AVX512": {**NONE, "avx2": True, "avx512f": True},
@@ -28,8 +29,8 @@ def cpu(monkeypatch):
     """Pretend to run on a CPU of a given kind: cpu(kind, native) patches the flags and native_bf16."""
 
     def pretend(kind: str, native: bool) -> None:
-        monkeypatch.setattr(device, "cpu_flags", lambda: FLAGS[kind])
-        monkeypatch.setattr(device, "native_bf16", lambda device_type: native)
+        monkeypatch.setattr(nmt.cpu, "cpu_flags", lambda: FLAGS[kind])
+        monkeypatch.setattr(precision, "native_bf16", lambda device_type: native)
 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
@@ -38,26 +39,26 @@ def cpu(monkeypatch):
 
 @pytest.mark.parametrize("kind", sorted(FLAGS))
 def test_cpu_kind_names_the_best_matmul_hardware(kind):
-    assert device.cpu_kind(FLAGS[kind]) == kind
-    assert device.cpu_kind(NONE) not in FLAGS  # no x86 flags (an ARM CPU): the architecture's name
+    assert nmt.cpu.cpu_kind(FLAGS[kind]) == kind
+    assert nmt.cpu.cpu_kind(NONE) not in FLAGS  # no x86 flags (an ARM CPU): the architecture's name
 
 
 @pytest.mark.parametrize("kind", ["AVX2", "AVX512"])
 def test_auto_never_picks_bf16_without_native_bf16_and_says_why(cpu, kind):
     cpu(kind, native=False)
-    bf16, why = device.precision_choice("auto", "cpu", "trainer.amp")
+    bf16, why = precision.precision_choice("auto", "cpu", "trainer.amp")
     assert bf16 is False
     assert why == (
         f"trainer.amp=auto: this CPU has no native bf16 ({kind}, no AVX-512 BF16 or AMX), "
         "where bf16 matmuls are emulated and slower"
     )
-    assert device.use_bf16("auto", "cpu") is False
+    assert precision.use_bf16("auto", "cpu") is False
 
 
 @pytest.mark.parametrize("kind, unit", [("AMX", "AMX"), ("AVX512_BF16", "AVX-512 BF16")])
 def test_auto_picks_bf16_where_the_cpu_computes_it_natively(cpu, kind, unit):
     cpu(kind, native=True)
-    assert device.precision_choice("auto", "cpu", "trainer.amp") == (
+    assert precision.precision_choice("auto", "cpu", "trainer.amp") == (
         True,
         f"trainer.amp=auto: {unit} computes bf16 natively",
     )
@@ -65,58 +66,35 @@ def test_auto_picks_bf16_where_the_cpu_computes_it_natively(cpu, kind, unit):
 
 def test_bf16_and_off_are_obeyed_and_a_forced_bf16_says_it_is_emulated(cpu):
     cpu("AVX2", native=False)
-    bf16, why = device.precision_choice("bf16", "cpu", "--amp")
+    bf16, why = precision.precision_choice("bf16", "cpu", "--amp")
     assert bf16 is True and why.startswith("--amp=bf16, although this CPU has no native bf16 (AVX2")
-    assert device.precision_choice("off", "cpu", "--amp") == (False, "--amp=off")
+    assert precision.precision_choice("off", "cpu", "--amp") == (False, "--amp=off")
     cpu("AMX", native=True)
-    assert device.precision_choice("bf16", "cpu", "--amp") == (True, "--amp=bf16")
+    assert precision.precision_choice("bf16", "cpu", "--amp") == (True, "--amp=bf16")
     with pytest.raises(ConfigError, match="trainer.amp"):
-        device.precision_choice("fp16", "cpu", "trainer.amp")
+        precision.precision_choice("fp16", "cpu", "trainer.amp")
 
 
 def test_onednn_limited_below_bf16_means_no_native_bf16(monkeypatch):
     """ONEDNN_MAX_CPU_ISA=AVX2 (scripts/benchmark.py --emulate-avx2) leaves oneDNN no bf16 kernel: auto is fp32
     on any CPU, and the reason names the variable. A value that allows bf16 is no limit."""
-    monkeypatch.setattr(device, "cpu_flags", lambda: FLAGS["AMX"])
+    monkeypatch.setattr(nmt.cpu, "cpu_flags", lambda: FLAGS["AMX"])
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
-    device.native_bf16.cache_clear()
+    precision.native_bf16.cache_clear()
     try:
-        assert device.onednn_isa_limit() == "AVX2" and device.native_bf16("cpu") is False
-        bf16, why = device.precision_choice("auto", "cpu", "trainer.amp")
+        assert nmt.cpu.onednn_isa_limit() == "AVX2" and precision.native_bf16("cpu") is False
+        bf16, why = precision.precision_choice("auto", "cpu", "trainer.amp")
         assert bf16 is False and "ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN below AVX-512 BF16 on this AMX CPU" in why
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
-        assert device.onednn_isa_limit() is None
+        assert nmt.cpu.onednn_isa_limit() is None
     finally:
-        device.native_bf16.cache_clear()
+        precision.native_bf16.cache_clear()
 
 
 def test_the_machine_record_has_the_cpu_kind_and_flags():
-    machine = device.describe_machine(1)
-    assert machine["cpu_kind"] == device.cpu_kind() and set(machine["cpu_flags"]) == set(device.CPU_FLAGS)
+    machine = provenance.describe_machine(1)
+    assert machine["cpu_kind"] == nmt.cpu.cpu_kind() and set(machine["cpu_flags"]) == set(nmt.cpu.CPU_FLAGS)
     assert machine["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-
-
-def test_kernels_choice_says_why(monkeypatch):
-    monkeypatch.setattr(compiled, "compiler", lambda: "/usr/bin/c++")
-    kernels, why = compiled.choose_kernels("auto", "cpu")
-    assert kernels == "compiled" and why.startswith("trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++)")
-    assert why.endswith(f"Inductor vectorises for {torch.backends.cpu.get_cpu_capability()}")
-    assert compiled.choose_kernels("auto", "cuda") == (
-        "eager",
-        "trainer.kernels=auto: the compiled kernels are CPU code, this is cuda",
-    )
-    assert compiled.choose_kernels("eager", "cpu") == ("eager", "trainer.kernels=eager")
-    kernels, why = compiled.choose_kernels("auto_fp32", "cpu")  # fp32 training: as auto
-    assert kernels == "compiled" and why.startswith("trainer.kernels=auto_fp32: fp32 on a CPU with a C++ compiler")
-    assert compiled.choose_kernels("auto_fp32", "cpu", bf16=True) == (
-        "eager",
-        "trainer.kernels=auto_fp32: training runs in bf16, where the eager kernels were measured",
-    )
-    assert compiled.choose_kernels("auto_fp32", "cuda")[0] == "eager"
-    assert compiled.choose_kernels("auto", "cpu", bf16=True)[0] == "compiled"  # auto: bf16 too
-    monkeypatch.setattr(compiled, "has_compiler", lambda: False)
-    kernels, why = compiled.choose_kernels("auto", "cpu")
-    assert kernels == "eager" and "no C++ compiler on PATH" in why
 
 
 def test_the_decoding_report_says_why_its_precision():
@@ -135,6 +113,6 @@ def test_the_machine_record_names_the_malloc(monkeypatch):
     from nmt.memory import malloc_in_use
 
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    assert malloc_in_use() == "glibc" and device.describe_machine(1)["malloc"] == "glibc"
+    assert malloc_in_use() == "glibc" and provenance.describe_machine(1)["malloc"] == "glibc"
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
     assert malloc_in_use() == "tcmalloc"

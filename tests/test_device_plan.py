@@ -17,10 +17,10 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.data import EncodedSplit, TokenizerSettings, collate, prepare
+from nmt.device_batches import DeviceBatches
 from nmt.device_plan import CPU, CUDA, choose_plan, imposed, work_sizes
 from nmt.dispatch import DispatchCount
 from nmt.errors import NMTError
-from nmt.feed import BatchFeed
 from nmt.loss import loss_rows, loss_sum, rows_of_lengths
 from nmt.model import ModelConfig, Seq2Seq
 from nmt.trainer import OptimConfig, Trainer, TrainerConfig
@@ -168,7 +168,7 @@ def test_the_feed_gives_collates_batches_and_loss_rows_prepared_ahead_or_not(dat
     asked = [(split, groups[i], groups[i + 1 : i + 3]) for i in range(len(groups) - 1)]
     asked += [(split, groups[5], groups[:1]), (other, groups[0], []), (split, groups[0], [])]
     for plan in (CPU, GPU_ON_CPU):
-        feed = BatchFeed(plan, torch.device("cpu"))
+        feed = DeviceBatches(plan, torch.device("cpu"))
         for s, group, upcoming in asked:
             taken = feed.take(s, group, upcoming)
             assert len(taken) == len(group)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nmt.checkpoint import load_checkpoint
-from nmt.data import TokenBatchSampler
+from nmt.sampler import TokenBatchSampler
 
 BIN = Path(sys.executable).parent
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nmt.cli.train"]

@@ -69,7 +69,7 @@ def test_mask_is_the_draw_forward_multiplies_by():
 
 
 @pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9])
-def test_the_compiled_mask_is_torchs_and_draws_as_much(p, compiled):
+def test_the_compiled_mask_is_torchs_and_draws_as_much(p, compiled, kernel_calls):
     """Where the compiled kernels run, keep_mask's C++ pass (nmt.kernels.keep_mask) gives the torch operations'
     mask bit for bit, for sizes around its blocks of 4 words (12 elements), a thread's chunk (24,576) and the
     size from which it takes both threads (2^18), and leaves torch's generator where they leave it."""
@@ -89,3 +89,4 @@ def test_the_compiled_mask_is_torchs_and_draws_as_much(p, compiled):
         assert compiled_mask.shape == shape and compiled_mask.dtype == torch.float32
         assert torch.equal(compiled_mask, eager_mask), shape
         assert torch.equal(compiled_next, eager_next)  # the same number of draws
+    assert kernel_calls["keep_mask.cpp"] > 0

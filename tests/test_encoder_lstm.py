@@ -27,7 +27,7 @@ def reference(rnn: torch.nn.LSTM, x: torch.Tensor, grads: list[torch.Tensor | No
 @pytest.mark.parametrize("bidirectional", [True, False], ids=["bi", "uni"])
 @pytest.mark.parametrize("B,S,E,H", [(1, 1, 5, 8), (3, 2, 7, 5), (6, 9, 24, 16), (107, 13, 64, 40)])
 @pytest.mark.parametrize("used", ["all", "states", "final"])
-def test_states_and_gradients_are_nn_lstms(B, S, E, H, bidirectional, used, compiled):
+def test_states_and_gradients_are_nn_lstms(B, S, E, H, bidirectional, used, compiled, kernel_calls):
     """out, (h_n, c_n) and the gradients of x and of every parameter equal nn.LSTM's (fp64) to fp32 accuracy, for
     any rows, steps and sizes (H around a vector and a panel of floats), one or two directions, whichever outputs
     the loss reads (the others' gradients None)."""
@@ -40,11 +40,12 @@ def test_states_and_gradients_are_nn_lstms(B, S, E, H, bidirectional, used, comp
     grads = {"all": grads, "states": [grads[0], None, None], "final": [None, *grads[1:]]}[used]
     expected = reference(rnn, x, grads)
 
-    got = encoder_lstm(rnn, x, any_threads=True)
+    got = encoder_lstm(rnn, x)
     assert got is not None
     out, (h, c) = got
     used_outputs = [(t, u) for t, u in zip((out, h, c), grads, strict=True) if u is not None]
     torch.autograd.backward([t for t, _ in used_outputs], [u for _, u in used_outputs])
+    assert kernel_calls["encoder_lstm.cpp"] == 3  # its panels' width, the forward, the backward
     actual = [out, h, c, x.grad, *[p.grad for p in rnn.parameters()]]
     names = ["out", "h_n", "c_n", "dx", *[n for n, _ in rnn.named_parameters()]]
     for name, a, e in zip(names, actual, expected, strict=True):
@@ -54,7 +55,7 @@ def test_states_and_gradients_are_nn_lstms(B, S, E, H, bidirectional, used, comp
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_one_thread_or_two_give_the_same_numbers(threads, compiled):
+def test_one_thread_or_two_give_the_same_numbers(threads, compiled, kernel_calls):
     """The directions on two threads at once or one after the other: the same arithmetic (the steps' products and
     cells bit for bit; the input's projection is MKL's, whose sums may split differently by thread count)."""
     g = torch.Generator().manual_seed(3)
@@ -63,16 +64,17 @@ def test_one_thread_or_two_give_the_same_numbers(threads, compiled):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        two = encoder_lstm(rnn, x, any_threads=True)
+        two = encoder_lstm(rnn, x)
         torch.set_num_threads(threads)
-        again = encoder_lstm(rnn, x, any_threads=True)
+        again = encoder_lstm(rnn, x)
     finally:
         torch.set_num_threads(before)
+    assert kernel_calls["encoder_lstm.cpp"] == 3  # the width, and a forward at each count
     for a, b in ((two[0], again[0]), (two[1][0], again[1][0]), (two[1][1], again[1][1])):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def test_the_encoder_is_the_same_with_the_kernel(compiled):
+def test_the_encoder_is_the_same_with_the_kernel(compiled, kernel_calls):
     """An Encoder over a batch of two source lengths (the groups of Encoder._by_length) and over one of equal
     lengths gives nn.LSTM's states, final states and gradients with the kernel (dropout off)."""
     torch.manual_seed(0)
@@ -85,7 +87,7 @@ def test_the_encoder_is_the_same_with_the_kernel(compiled):
         for use_kernel in (False, True):
             set_kernels("compiled" if use_kernel else "eager")
             before = torch.get_num_threads()
-            torch.set_num_threads(2)  # where encoder_lstm applies without any_threads
+            torch.set_num_threads(2)
             try:
                 encoder.zero_grad(set_to_none=True)
                 enc = encoder(src, torch.tensor(lengths))
@@ -93,14 +95,14 @@ def test_the_encoder_is_the_same_with_the_kernel(compiled):
             finally:
                 torch.set_num_threads(before)
             results.append([enc.states, enc.final_h, enc.final_c, *[p.grad for p in encoder.parameters()]])
+        assert kernel_calls["encoder_lstm.cpp"] > 0
         for eager, kernel in zip(*results, strict=True):
             torch.testing.assert_close(kernel, eager, rtol=1e-5, atol=1e-5)
 
 
 def test_it_steps_aside_where_it_does_not_apply(compiled):
     """None (nn.LSTM runs) for two layers, a projection, no biases, bf16 or fp64, under autocast, under torch's FLOP
-    counter (which counts nn.LSTM's), one direction or another thread count than 2 unless any_threads, and with the
-    kernels eager."""
+    counter (which counts nn.LSTM's), and with the kernels eager; at any thread count it runs."""
     x = torch.randn(3, 4, 8)
     bi = torch.nn.LSTM(8, 6, batch_first=True, bidirectional=True)
     for rnn in (
@@ -109,26 +111,24 @@ def test_it_steps_aside_where_it_does_not_apply(compiled):
         torch.nn.LSTM(8, 6, bias=False, batch_first=True, bidirectional=True),
         torch.nn.LSTM(8, 6, batch_first=False, bidirectional=True),
     ):
-        assert encoder_lstm(rnn, x, any_threads=True) is None
-    assert encoder_lstm(bi, x.double(), any_threads=True) is None
-    assert encoder_lstm(bi.to(torch.bfloat16), x.to(torch.bfloat16), any_threads=True) is None
+        assert encoder_lstm(rnn, x) is None
+    assert encoder_lstm(bi, x.double()) is None
+    assert encoder_lstm(bi.to(torch.bfloat16), x.to(torch.bfloat16)) is None
     bi.float()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert encoder_lstm(bi, x, any_threads=True) is None
+        assert encoder_lstm(bi, x) is None
     with FlopCounterMode(display=False):
-        assert encoder_lstm(bi, x, any_threads=True) is None
+        assert encoder_lstm(bi, x) is None
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        assert encoder_lstm(bi, x) is None
-        assert encoder_lstm(bi, x, any_threads=True) is not None
-        torch.set_num_threads(2)
-        assert encoder_lstm(bi, x) is not None
-        assert encoder_lstm(torch.nn.LSTM(8, 6, batch_first=True), x) is None  # one direction: unmeasured
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert encoder_lstm(bi, x) is not None
+            assert encoder_lstm(torch.nn.LSTM(8, 6, batch_first=True), x) is not None  # one direction too
     finally:
         torch.set_num_threads(before)
     set_kernels("eager")
-    assert encoder_lstm(bi, x, any_threads=True) is None
+    assert encoder_lstm(bi, x) is None
 
 
 def test_a_weight_is_packed_for_the_backward_alone(compiled):

@@ -31,8 +31,8 @@ def test_output_layer_in_the_loss_equals_the_layer_then_the_loss(N, smoothing, r
 @pytest.mark.parametrize("N", [1, 17, 40])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("V", [37, 64, 8000])
-def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compiled, monkeypatch):
-    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.xent), and where
+def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compiled, monkeypatch, kernel_calls):
+    """With the compiled kernels each piece's loss and gradient is one C++ call (nmt.kernels.smoothed_xent), and where
     there is more than one piece their logits come from W^T packed once (nmt.kernels.step_gemm): the same value
     and gradients, for vocabularies that fill the vector width or leave a tail, PAD rows included."""
     calls, products = [], []
@@ -42,9 +42,10 @@ def test_the_loss_kernel_equals_the_layer_then_the_loss(N, smoothing, V, compile
     check_against_the_layer_then_the_loss(N, smoothing, 16, None, V, monkeypatch)
     assert len(calls) == -(-N // 16)
     assert len(products) == (len(calls) if N > 16 else 0)
+    assert kernel_calls["smoothed_xent.cpp"] > 0
 
 
-def test_the_loss_kernel_sums_the_bias_gradient_the_same_every_run(compiled):
+def test_the_loss_kernel_sums_the_bias_gradient_the_same_every_run(compiled, kernel_calls):
     """The kernel adds the gradient's column sums (the bias's gradient) into the given vector, the threads' sums
     in a fixed order: two runs on the same logits give the same bits, and the sum of the gradient rows."""
     torch.manual_seed(0)
@@ -57,6 +58,7 @@ def test_the_loss_kernel_sums_the_bias_gradient_the_same_every_run(compiled):
         runs.append(sums)
     torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
     torch.testing.assert_close(runs[0], 0.5 + g.sum(0), rtol=0, atol=1e-5)
+    assert kernel_calls["smoothed_xent.cpp"] > 0
 
 
 def check_against_the_layer_then_the_loss(N, smoothing, rows, piece, V, monkeypatch):

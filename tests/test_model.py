@@ -605,7 +605,7 @@ def test_decoder_loop_and_its_gradients_equal_nn_lstm_step_by_step(name, query, 
 @pytest.mark.parametrize("input_feeding", [True, False], ids=["feed", "nofeed"])
 def test_bf16_autocast_training_step_stays_close_to_fp32(input_feeding, src_lengths):
     """Under bf16 autocast the loss and gradients follow fp32 (the cell state and the loss stay fp32), on
-    every CPU: with bf16 hardware or without it (where nn.LSTM runs in fp32, see nmt.device.run_lstm), on
+    every CPU: with bf16 hardware or without it (where nn.LSTM runs in fp32, see nmt.precision.run_lstm), on
     every encoder path (one source length: unpacked; up to 8 on a CPU: once per length; more: packed) and
     both decoder paths."""
     model = make_model("bahdanau", "current", hidden_size=32, embed_size=16, input_feeding=input_feeding)
@@ -627,17 +627,17 @@ def test_bf16_autocast_training_step_stays_close_to_fp32(input_feeding, src_leng
 def test_lstm_without_bf16_hardware_runs_in_fp32_under_autocast(monkeypatch):
     """Where oneDNN has no bf16 LSTM kernel (CPUs without AVX-512 BF16 or AMX), run_lstm pauses autocast:
     the result is the fp32 LSTM's, exactly; elsewhere it is the LSTM called as it is."""
-    from nmt import device
+    from nmt import precision
 
     lstm = nn.LSTM(EMBED, HIDDEN, batch_first=True)
     x, state = torch.randn(3, 5, EMBED), (torch.randn(1, 3, HIDDEN), torch.randn(1, 3, HIDDEN))
     fp32, _ = lstm(x, state)
-    monkeypatch.setattr(device, "native_bf16", lambda device_type: False)
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, (h, c) = device.run_lstm(lstm, x, tuple(s.to(torch.bfloat16) for s in state))
+        out, (h, c) = precision.run_lstm(lstm, x, tuple(s.to(torch.bfloat16) for s in state))
     assert out.dtype == h.dtype == c.dtype == torch.float32
     torch.testing.assert_close(out, lstm(x, tuple(s.to(torch.bfloat16).float() for s in state))[0])
-    assert torch.equal(device.run_lstm(lstm, x, state)[0], fp32)  # outside autocast: the plain call
+    assert torch.equal(precision.run_lstm(lstm, x, state)[0], fp32)  # outside autocast: the plain call
 
 
 def test_one_seed_gives_every_attention_the_same_encoder_decoder_and_embeddings():

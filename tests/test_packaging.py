@@ -45,7 +45,8 @@ def installed(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_configs_the_page_files_and_the_kernels(installed):
     probe = (
-        "import nmt, nmt.cli.common as c, nmt.serve.app as s, nmt.kernels.attention_step as a, nmt.kernels.lstm as l; "
+        "import nmt, nmt.cli.common as c, nmt.serve.app as s, nmt.kernels.additive_step as a, "
+        "nmt.kernels.lstm_cell as l; "
         "print(nmt.__file__); print(c.CONFIG_DIR); "
         "print((s.STATIC_DIR / 'serve.js').is_file() and a.SOURCE.is_file() and l.CELL_SOURCE.is_file()); "
         "print(','.join(sorted(p.name for p in a.SOURCE.parent.iterdir())))"

@@ -10,7 +10,7 @@ from nmt.kernels.compiled import set_kernels
 
 
 @pytest.mark.parametrize("out, in_", [(1, 1), (15, 7), (16, 300), (17, 513), (48, 64), (37, 20)])
-def test_both_directions_are_the_plain_products_for_any_rows(out, in_, compiled):
+def test_both_directions_are_the_plain_products_for_any_rows(out, in_, compiled, kernel_calls):
     """x W^T and g W through the panels, for row counts around the register block (6) and none, inner sizes
     past a panel's cached rows (256) and output columns around a panel's width (16 on AVX2, 32 on AVX-512),
     match fp64 products to fp32 rounding (a sum of `in_` products, in another order than mm's)."""
@@ -27,9 +27,10 @@ def test_both_directions_are_the_plain_products_for_any_rows(out, in_, compiled)
             bound = 4e-7 * k**0.5 * 8  # fp32 rounding of k products of unit normals, with room
             scale = max(ref.abs().max().item(), 1.0) if n else 1.0
             torch.testing.assert_close(got.double(), ref, rtol=0, atol=bound * scale)
+    assert kernel_calls["step_gemm.cpp"] > 0
 
 
-def test_rows_a_stride_apart_and_a_weight_that_is_a_view(compiled):
+def test_rows_a_stride_apart_and_a_weight_that_is_a_view(compiled, kernel_calls):
     """A step's x is often a view (the first n rows of a wider buffer, [h~; h] joined): rows lda apart are read as
     such; a transposed weight (not contiguous) is packed from its values."""
     g = torch.Generator().manual_seed(3)
@@ -39,9 +40,10 @@ def test_rows_a_stride_apart_and_a_weight_that_is_a_view(compiled):
     panels = step_gemm.pack(weight)
     got = step_gemm.product(x, panels.forward, 24, panels.kernel)
     torch.testing.assert_close(got, x @ weight.t(), rtol=1e-5, atol=1e-5)
+    assert kernel_calls["step_gemm.cpp"] > 0
 
 
-def test_the_forward_only_into_rows_of_a_wider_buffer(compiled):
+def test_the_forward_only_into_rows_of_a_wider_buffer(compiled, kernel_calls):
     """pack(backward=False) lays out x W^T's panels alone (the output layer's logits); `out` may be the first
     rows and columns of a wider buffer, whose other entries stay as they were."""
     g = torch.Generator().manual_seed(5)
@@ -53,6 +55,7 @@ def test_the_forward_only_into_rows_of_a_wider_buffer(compiled):
     assert got.data_ptr() == buffer.data_ptr()
     torch.testing.assert_close(buffer[:9, :37], x @ weight.t(), rtol=1e-5, atol=1e-5)
     assert (buffer[9:] == 7).all() and (buffer[:, 37:] == 7).all()
+    assert kernel_calls["step_gemm.cpp"] > 0
 
 
 def test_nothing_is_packed_where_the_kernel_does_not_run(compiled):

@@ -1,5 +1,5 @@
 """The search step's top-k kernel (nmt.kernels.top_logprobs) against the torch operations it replaces, and the
-decoding kernels' choice (decoding.kernels): the same translations both ways, the process's choice restored,
+decoding kernels' choice (a Translator's plan): the same translations both ways, the process's choice restored,
 and a built kernel loaded by a later process without Inductor."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def reference(h, weight, bias, k):
 
 @pytest.mark.parametrize("V", [37, 64, 8000])
 @pytest.mark.parametrize("k", [1, 3, 10])
-def test_kernel_matches_log_softmax_top_k(compiled, V, k):
+def test_kernel_matches_log_softmax_top_k(compiled, V, k, kernel_calls):
     g = torch.Generator().manual_seed(V + k)
     h, weight, bias = torch.randn(9, 32, generator=g), torch.randn(V, 32, generator=g), torch.randn(V, generator=g)
     weight[BOS_ID] = weight[PAD_ID] = weight[5] * 3  # padding and BOS would win: they must not be chosen
@@ -45,14 +45,16 @@ def test_kernel_matches_log_softmax_top_k(compiled, V, k):
         assert values.dtype == torch.float32 and ids.dtype == torch.long and values.shape == (9, k)
         assert torch.equal(ids, want_ids)
         torch.testing.assert_close(values.double(), want_values, rtol=1e-5, atol=1e-5)
+    assert kernel_calls["top_logprobs.cpp"] > 0
 
 
-def test_kernel_ties_go_to_the_lower_id(compiled):
+def test_kernel_ties_go_to_the_lower_id(compiled, kernel_calls):
     weight = torch.zeros(40, 4)
     weight[[7, 30, 12]] = 1.0  # three equal logits, the largest; the rest equal and lower
     values, ids = top_log_probs(torch.ones(2, 4), weight, None, 5, SKIP)
     assert ids[0, :3].tolist() == [7, 12, 30] and ids[0, 3:].tolist() == [1, 3]  # then 0 and 2 are skipped
     assert torch.equal(values[0], values[1]) and values[0, 0] == values[0, 2]
+    assert kernel_calls["top_logprobs.cpp"] > 0
 
 
 def test_kernel_steps_aside_where_it_does_not_apply(compiled):
@@ -65,7 +67,7 @@ def test_kernel_steps_aside_where_it_does_not_apply(compiled):
     assert top_log_probs(h, weight, None, 2, SKIP) is None
 
 
-def test_search_is_the_same_with_the_kernels(compiled):
+def test_search_is_the_same_with_the_kernels(compiled, kernel_calls):
     """Greedy and beam search on a model whose vocabulary fits the kernel's k: the same hypotheses, the same
     scores to rounding, with the compiled kernels (attention step, LSTM cell, top k) as with eager ones."""
     model = small_model("luong", vocab=64)
@@ -78,26 +80,28 @@ def test_search_is_the_same_with_the_kernels(compiled):
         assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in plain]
         scores = [h.score for hs in plain for h in hs]
         assert [h.score for hs in fast for h in hs] == pytest.approx(scores, abs=1e-5)
+    assert kernel_calls["top_logprobs.cpp"] > 0
 
 
 def test_translator_chooses_its_kernels_and_leaves_the_process_alone(torch_compiles):
-    """decoding.kernels=auto_fp32 (the default) takes the compiled kernels for fp32 on a CPU with a compiler, and
+    """kernels=auto (the default) takes the search's C++ kernels for fp32 on a CPU with a compiler, and its plan
     says why; the process's own choice (a Trainer's) is back once a translation is done."""
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
     spm = train_sentencepiece([" ".join(words[i % 10 : i % 10 + 4]) for i in range(40)], vocab_size=30)
     tok = Tokenizer(spm, spm)
     model = small_model("luong", vocab=tok.src_vocab_size)
     auto = Translator(model, tok, amp="off")
-    assert auto.settings["kernels"] == "auto_fp32" and "decoding.kernels=auto_fp32" in auto.kernels_reason
+    assert auto.settings["kernels"] == "auto" and auto.settings["plan"]["beam_topk"]["reason"]
     assert auto.kernels == ("compiled" if torch_compiles else "eager")
+    assert ("beam_topk" in auto.plan.kernels) == torch_compiles
     eager = Translator(model, tok, amp="off", kernels="eager")
-    assert eager.kernels == "eager" and eager.kernels_reason == "decoding.kernels=eager"
+    assert eager.kernels == "eager" and eager.settings["plan"]["beam_topk"]["reason"] == "kernels=eager"
     before = compiled_module.kernels()
     assert [t[0].text for t in auto.translate(["alpha beta", "gamma delta eta"])] == [
         t[0].text for t in eager.translate(["alpha beta", "gamma delta eta"])
     ]
     assert compiled_module.kernels() == before  # the Translator's choice held only while it translated
-    with pytest.raises(Exception, match="decoding.kernels"):
+    with pytest.raises(Exception, match="kernels"):
         Translator(model, tok, kernels="fast")
 
 
@@ -106,7 +110,7 @@ def test_a_built_kernel_loads_in_a_later_process_without_inductor(compiled):
     Inductor (over a second), and it computes what it should."""
     from nmt.kernels.top_logprobs import ARGTYPES, SOURCE
 
-    assert compiled_module.cpp_kernel(SOURCE, ARGTYPES) is not None
+    assert compiled_module.cpp_kernel(SOURCE, ARGTYPES, "beam_topk") is not None
     assert json.loads(compiled_module._index(SOURCE, ARGTYPES).read_text())["file"]
     code = (
         "import sys, torch\n"
@@ -127,13 +131,13 @@ def test_a_translators_kernels_are_the_hand_written_ones_only(compiled):
 
     with compiled_module.kernels_for(compiled_module.Kernels.compiled):
         assert compiled_module.compiled(torch.sigmoid) is None
-        assert compiled_module.cpp_kernel(SOURCE, ARGTYPES) is not None
+        assert compiled_module.cpp_kernel(SOURCE, ARGTYPES, "beam_topk") is not None
     assert compiled_module.compiled(torch.sigmoid) is not None  # the Trainer's choice again
 
 
 def test_a_failed_build_decodes_eagerly_or_stops_when_insisted_on(monkeypatch, caplog, torch_compiles):
-    """decoding.kernels=auto_fp32 meeting a failed build warns and translates with torch operations (the same
-    text); decoding.kernels=compiled is then an error that names the fix."""
+    """kernels=auto meeting a failed build warns and translates with torch operations (the same text);
+    kernels=compiled is then an error that names the fix."""
     if not torch_compiles:
         pytest.skip("no C++ compiler: the kernels are never built here")
     from torch._inductor import codecache
@@ -158,7 +162,7 @@ def test_a_failed_build_decodes_eagerly_or_stops_when_insisted_on(monkeypatch, c
     with caplog.at_level("WARNING"):
         assert [t[0].text for t in auto.translate(["alpha beta gamma"])] == want
     assert "failed" in caplog.text
-    with pytest.raises(ConfigError, match="decoding.kernels=eager"):
+    with pytest.raises(ConfigError, match="kernels=eager"):
         Translator(model, tok, amp="off", kernels="compiled").translate(["alpha beta gamma"])
 
 

@@ -258,8 +258,8 @@ def rnnsearch_model(data):
 def test_a_plateau_cut_during_warmup_cuts_the_full_rate(tiny_data, tmp_path, monkeypatch):
     """Validations during warmup that do not improve cut the *base* rate by the plateau factor; the warmup
     keeps scaling it. (The partly warmed-up rate must not become the base rate for good.)"""
-    from nmt import trainer as trainer_module
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
+    from nmt.trainer import validate as validate_module
 
     bleu = iter([10.0, 5.0, 5.0, 12.0])  # validations at steps 5, 10, 15, 20: better, worse, worse, better
 
@@ -267,7 +267,7 @@ def test_a_plateau_cut_during_warmup_cuts_the_full_rate(tiny_data, tmp_path, mon
         value = next(bleu)
         return {"loss": 1.0, "ppl": 2.7, "bleu": value, "chrf": value, "by_length": [], "hypotheses": [], "figures": []}
 
-    monkeypatch.setattr(trainer_module, "evaluate_split", fake_validation)
+    monkeypatch.setattr(validate_module, "evaluate_split", fake_validation)
     torch.manual_seed(0)
     model = tiny_model(tiny_data)
     optim = OptimConfig(lr=0.01, schedule="plateau", warmup_steps=100, plateau_factor=0.5, plateau_patience=0)
@@ -410,18 +410,19 @@ def test_hooks_see_every_step_and_every_validation(tiny_data, tmp_path):
 @pytest.mark.parametrize("native, expected", [(False, "fp32"), (True, "bf16 autocast")])
 def test_the_log_says_which_precision_and_kernels_and_why(tiny_data, tmp_path, monkeypatch, caplog, native, expected):
     """trainer.amp=auto picks bf16 only where the CPU computes it natively, and the log line says what and why;
-    the kernels line says what trainer.kernels resolved to and why. The CPU is pretended (no test depends on it)."""
-    from nmt import device
+    the plan's table says every component's implementation and why. The CPU is pretended (no test depends on it)."""
+    import nmt.cpu
+    from nmt import precision
     from nmt.trainer import OptimConfig, Trainer, TrainerConfig
 
     kind = "AMX" if native else "AVX2"
-    flags = {**dict.fromkeys(device.CPU_FLAGS, False), "avx2": True, "amx_bf16": native, "amx_tile": native}
-    monkeypatch.setattr(device, "cpu_flags", lambda: flags)
-    monkeypatch.setattr(device, "native_bf16", lambda device_type: native)
+    flags = {**dict.fromkeys(nmt.cpu.CPU_FLAGS, False), "avx2": True, "amx_bf16": native, "amx_tile": native}
+    monkeypatch.setattr(nmt.cpu, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(precision, "native_bf16", lambda device_type: native)
     config = TrainerConfig(progress=False, max_steps=1, max_epochs=None, heatmaps=0, amp="auto", kernels="eager")
-    with caplog.at_level("INFO", logger="nmt.trainer"):
+    with caplog.at_level("INFO"):
         trainer = Trainer(tiny_model(tiny_data), tiny_data, config, OptimConfig(), tmp_path, device="cpu", seed=1)
     why = "AMX computes bf16 natively" if native else f"this CPU has no native bf16 ({kind}, no AVX-512 BF16 or AMX)"
-    assert f"precision: {expected} (trainer.amp=auto: {why}" in caplog.text
+    assert f"precision         {expected}: trainer.amp=auto: {why}" in caplog.text
     assert trainer.amp == ("bf16" if native else "off")
-    assert "kernels: eager (trainer.kernels=eager)" in caplog.text
+    assert "encoder           nn.LSTM (oneDNN): kernels=eager" in caplog.text

@@ -28,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING as REQUIRED
 
 from nmt.attention import ATTENTIONS
+from nmt.choices import Kernels
 from nmt.corpora import LOADERS
 from nmt.data import DEFAULT_MAX_LENGTH, TokenizerSettings
 from nmt.decoding import Decoding
@@ -57,6 +58,7 @@ class TrainSchema:
     attention: Any = REQUIRED
     optim: Any = REQUIRED
     trainer: Any = REQUIRED
+    kernels: Kernels = Kernels.auto  # auto | eager, for training and decoding alike (nmt.plan; docs/usage.md)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class EvaluateSchema:
     buckets: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))  # source-length edges (words)
     heatmaps: int = 4  # attention heatmaps of sentences spread over source lengths, the longest included
     device: str = "auto"
+    kernels: Kernels = Kernels.auto  # auto | eager (nmt.plan; docs/usage.md)
     decoding: Any = REQUIRED
     paths: Any = REQUIRED
     data: Any = None  # null: the corpus stored in the checkpoint

@@ -84,8 +84,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--kernels",
         default=Decoding.kernels.value,
         choices=[k.value for k in Kernels],
-        help="the decoder step's C++ kernels: auto_fp32 (the default) where decoding runs in fp32 on a CPU with a "
-        "C++ compiler (built once per machine, a few seconds; later runs load them at once), eager never",
+        help="the search's C++ kernels: auto (the default) where the plan finds them right, fp32 on a CPU with a "
+        "C++ compiler (built once per machine, a few seconds; later runs load them at once), eager never; the log's "
+        "plan table says which and why",
     )
     p.add_argument(
         "--plot",

@@ -7,27 +7,23 @@ arithmetic per element: about twice as fast on the one CPU measured (an AMD EPYC
 It needs a C++ compiler at run time and compiles on first use (half a minute on 2 cores; torch caches the
 result on disk, so later processes take a few seconds).
 
-    set_kernels("auto", device)     # the Trainer, from trainer.kernels (choose_kernels: what and why)
-    fn = compiled(math_fn)          # None while the kernels are eager: call the eager code
-    kernel = cpp_kernel(path, argtypes)  # a hand-written C++ kernel (nmt/kernels/csrc), built the same way
+    use_kernels({"encoder", "attention_energy"})  # a run's plan (nmt.plan): these kernels, the rest torch's
+    fn = compiled(math_fn)                        # None where attention_energy is off: call the eager code
+    kernel = cpp_kernel(path, argtypes, "encoder")  # a hand-written C++ kernel (nmt/kernels/csrc), built the same way
+    return fallback("encoder", "not fp32")        # a call the kernel does not take: logged once, the torch form
 
-One step of RNNsearch's attention is such a hand-written kernel (nmt.kernels.attention_step): Inductor's C++
+One step of RNNsearch's attention is such a hand-written kernel (nmt.kernels.additive_step): Inductor's C++
 toolchain builds it with the same compiler, flags and vector ISA as its own kernels (a second or two). Importing
 that toolchain takes over a second itself, so the first build notes where the library lies (a small JSON file
 in Inductor's cache directory, keyed by the source, argument types, torch version and vector ISA) and later
 processes load it from there directly, in milliseconds.
 
-`eager` (trainer.kernels' default) never compiles; `auto` (the bottleneck study's and multi30k_deen presets) uses
-compiled kernels on a CPU where a C++ compiler is found, in fp32 and bf16, eager ones elsewhere (CUDA is
-unmeasured); `auto_fp32` does what `auto` does where training runs in fp32 and stays eager under bf16 (the
-multi30k_deen preset's until a side-by-side run under bf16 trained 1.17x faster compiled: docs/performance.md);
-`compiled` insists (a failed compilation is an error naming the fix). Compiling costs:
-torch's compiler stack adds about 165 MB to the process (measured on one machine) and the first batches wait for
-it, so the default stays eager. The choice is process-wide, like torch.backends' settings, and eager unless a
-Trainer set it. A Translator holds its own (decoding.kernels, `auto_fp32` by default) for the duration of each
-search (`kernels_for`): its decoder step uses only the hand-written kernels (attention step, LSTM cell, top k),
-built once per machine (about 9 s on 2 cores) and loaded at once after that, so the decoding commands still start
-in about a second. Where `auto` meets a failed compilation it warns once and goes on eagerly. Both paths compute
+Which kernels run is a run's plan (nmt.plan, from the setting `kernels`: auto | eager, `compiled` insisting), one
+component at a time (KERNELS); the choice is process-wide, like torch.backends' settings, and none unless a
+Trainer (or a test) set it. A Translator holds its own for the duration of each search (`kernels_for`): its
+decoder step uses only the hand-written kernels (attention step, LSTM cell, top k), built once per machine
+(about 9 s on 2 cores) and loaded at once after that, so the decoding commands still start in about a second.
+A failed build turns every kernel off with a warning (or is an error under kernels=compiled). Both paths compute
 the same arithmetic, each tested against the plain form.
 """
 
@@ -42,9 +38,10 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,14 +60,27 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-# kernels: the choice; strict: a failure is an error; worked: a compiled call has run; broken: a build failed;
-# graphs: torch.compile's kernels too (a Translator's search runs only the hand-written ones: kernels_for)
-_state: dict = {"kernels": Kernels.eager, "strict": False, "worked": False, "broken": False, "graphs": True}
-_local = threading.local()  # .choice: a Translator's kernels, strict and graphs while it searches in this thread
+# The kernels one by one, each the implementation of one component of a run's plan (nmt.plan), by the name the
+# plan and `kernels_off` give it: the C++ sources of csrc/ it builds, or torch.compile's (attention_energy).
+KERNELS = {
+    "encoder": ("encoder_lstm.cpp",),  # with step_gemm.cpp's packing, built for it
+    "decoder_step": ("feed_loop.cpp", "additive_step.cpp", "lstm_cell.cpp"),
+    "step_products": ("step_gemm.cpp",),
+    "attention_energy": (),  # torch.compile (Inductor)
+    "output_loss": ("smoothed_xent.cpp",),  # with step_gemm.cpp's packing of the output layer
+    "dropout_mask": ("keep_mask.cpp",),
+    "beam_topk": ("top_logprobs.cpp",),
+}
+SEARCH = frozenset(KERNELS) - {"attention_energy"}  # a search runs the hand-written kernels only (kernels_for)
+
+# on: the kernels in use; strict: a failure is an error; worked: a compiled call has run; broken: a build failed
+_state: dict = {"on": frozenset(), "strict": False, "worked": False, "broken": False}
+_local = threading.local()  # .choice: a Translator's kernels and strict while it searches in this thread
+_fell_back: set[tuple[str, str]] = set()  # (component, why) logged by `fallback`
 
 
 def _choice() -> dict:
-    """The kernels, strict and graphs in force in this thread: a Translator's while it searches, else the process's."""
+    """The kernels and strict in force in this thread: a Translator's while it searches, else the process's."""
     return getattr(_local, "choice", None) or _state
 
 
@@ -94,67 +104,73 @@ def has_compiler() -> bool:
     return compiler() is not None
 
 
-def choose_kernels(
-    value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False, setting: str = "trainer.kernels"
-) -> tuple[Kernels, str]:
-    """What `value` (the config key `setting`: trainer.kernels, or decoding.kernels for a Translator) resolves to
-    on `device`, running under bf16 autocast or not, and why, in words for the log line, e.g.
-    "trainer.kernels=auto: a CPU with a C++ compiler (/usr/bin/c++); Inductor vectorises for AVX512"."""
-    value = choice(Kernels, value, setting)
-    if value not in (Kernels.auto, Kernels.auto_fp32):
-        return value, f"{setting}={value}"
-    if torch.device(device).type != "cpu":
-        return (
-            Kernels.eager,
-            f"{setting}={value}: the compiled kernels are CPU code, this is {torch.device(device).type}",
-        )
-    if value == Kernels.auto_fp32 and bf16:
-        what = "training runs" if setting == "trainer.kernels" else "it runs"
-        return Kernels.eager, f"{setting}=auto_fp32: {what} in bf16, where the eager kernels were measured"
-    if not has_compiler():
-        return Kernels.eager, f"{setting}={value}: no C++ compiler on PATH (CXX, c++, g++, clang++)"
-    found = compiler() or "a C++ compiler"
-    isa = torch.backends.cpu.get_cpu_capability()  # Inductor's vector ISA follows it (ATEN_CPU_CAPABILITY)
-    where = "a CPU" if value == Kernels.auto else "fp32 on a CPU"
-    why = f"{setting}={value}: {where} with a C++ compiler ({found}); Inductor vectorises for {isa}"
-    return Kernels.compiled, why
+def use_kernels(components: Iterable[str], strict: bool = False) -> None:
+    """The kernels of `components` (names of KERNELS) for this process, the others' torch forms; `strict`: a
+    kernel that fails to build is an error (kernels=compiled). A build that failed before is tried again."""
+    unknown = set(components) - set(KERNELS)
+    if unknown:
+        raise ValueError(f"no such kernels: {sorted(unknown)}; the kernels are {', '.join(KERNELS)}")
+    _state.update(on=frozenset(components), strict=strict, broken=False)
 
 
-def set_kernels(value: Kernels | str, device: torch.device | str = "cpu", bf16: bool = False) -> Kernels:
-    """Choose the kernels for this process (see the module docstring and choose_kernels); returns what `value`
-    resolved to. A build that failed before is tried again (a Translator's kernels_for gives up on it)."""
-    resolved, _ = choose_kernels(value, device, bf16)
-    strict = choice(Kernels, value, "trainer.kernels") == Kernels.compiled
-    _state.update(kernels=resolved, strict=strict, broken=False)
-    return resolved
+def set_kernels(value: Kernels | str, device: torch.device | str = "cpu") -> Kernels:
+    """Every kernel (`compiled`, strict; `auto` where this is a CPU with a C++ compiler) or none (`eager`) for
+    this process: tests and scripts. A run chooses component by component (nmt.plan). Returns compiled or eager."""
+    value = choice(Kernels, value, "kernels")
+    every = value == Kernels.compiled or (
+        value == Kernels.auto and torch.device(device).type == "cpu" and has_compiler()
+    )
+    use_kernels(KERNELS if every else (), strict=value == Kernels.compiled)
+    return Kernels.compiled if every else Kernels.eager
 
 
 def kernels() -> Kernels:
-    return _choice()["kernels"]
+    """compiled where some kernel is in use in this thread, else eager."""
+    return Kernels.compiled if _choice()["on"] else Kernels.eager
+
+
+def enabled(component: str) -> bool:
+    """Whether the kernel of `component` is in use in this thread."""
+    return component in _choice()["on"]
 
 
 @contextmanager
-def kernels_for(resolved: Kernels, strict: bool = False) -> Iterator[None]:
-    """Within the block, the kernels `resolved` (what choose_kernels returned): a Translator's choice for its
-    decoding, whatever the process had; restored after. Only the hand-written C++ kernels (cpp_kernel), which
-    load in milliseconds once built: `compiled` gives None inside, so no torch.compile (Dynamo traces in every
-    process, seconds) runs for a search (Luong's concat score, say, then scores with torch operations). Eager
-    where a build has failed in this process, unless `strict` (decoding.kernels=compiled): a failure is then an
-    error naming the fix. For this thread only: the process's choice (a Trainer's) holds in the others."""
+def kernels_for(resolved: Kernels | Iterable[str], strict: bool = False) -> Iterator[None]:
+    """Within the block, the kernels `resolved` (component names, or compiled: every hand-written one, eager:
+    none): a Translator's choice for its decoding, whatever the process had; restored after. Only the
+    hand-written C++ kernels (cpp_kernel), which load in milliseconds once built: no torch.compile (Dynamo
+    traces in every process, seconds) runs for a search. Eager where a build has failed in this process,
+    unless `strict` (kernels=compiled): a failure is then an error naming the fix. For this thread only: the
+    process's choice (a Trainer's) holds in the others."""
     saved = getattr(_local, "choice", None)
-    broken = resolved == Kernels.compiled and _state["broken"] and not strict
-    _local.choice = {"kernels": Kernels.eager if broken else resolved, "strict": strict, "graphs": False}
+    if isinstance(resolved, str):
+        resolved = SEARCH if choice(Kernels, resolved, "kernels") == Kernels.compiled else ()
+    on = frozenset(resolved) & SEARCH
+    _local.choice = {"on": frozenset() if _state["broken"] and not strict else on, "strict": strict}
     try:
         yield
     finally:
         _local.choice = saved
 
 
+def fallback(component: str, why: str) -> None:
+    """A call of `component`'s kernel that takes the torch form instead: logged once per (component, why) where
+    the kernel is in use (its plan chose it), silent where it is not. Returns None, for `return fallback(...)`."""
+    if enabled(component) and (component, why) not in _fell_back:
+        _fell_back.add((component, why))
+        log.info("%s: the torch form for such calls, not the plan's kernel: %s", component, why)
+
+
+def fallbacks() -> list[dict[str, str]]:
+    """Every (component, why) `fallback` logged in this process."""
+    return [{"component": c, "why": w} for c, w in sorted(_fell_back)]
+
+
 def compiled(fn: Callable) -> Callable | None:
-    """`fn` compiled (one compilation for every shape, torch.compile(dynamic=True)), or None when the kernels
-    are eager. The first call compiles; a failure turns the kernels eager (a warning) or, where
-    trainer.kernels=compiled asked for them, raises a ConfigError."""
-    if _choice()["kernels"] != Kernels.compiled or not _choice()["graphs"]:
+    """`fn` compiled (one compilation for every shape, torch.compile(dynamic=True)), or None where the
+    attention_energy kernel is not in use. The first call compiles; a failure turns the kernels off (a warning)
+    or, where kernels=compiled asked for them, raises a ConfigError."""
+    if not enabled("attention_energy"):
         return None
     if fn not in _cache:
         # dynamic_threads: the kernels read torch's thread count when they run, not when they were compiled
@@ -163,20 +179,32 @@ def compiled(fn: Callable) -> Callable | None:
     return _cache[fn]
 
 
-def cpp_kernel(path: Path, argtypes: Sequence[str]) -> Callable | None:
+def cpp_kernel(path: Path, argtypes: Sequence[str], component: str) -> Callable | None:
     """The function `kernel` of the C++ source file `path` (argument types `argtypes`, Inductor's names:
     "int64_t", "float", "uintptr_t" for addresses), built once per process by Inductor's C++ toolchain (it
-    caches the library on disk); None while the kernels are eager. A failed build is handled as a failed
-    torch.compile: eager kernels after a warning, or a ConfigError where trainer.kernels=compiled."""
-    if _choice()["kernels"] != Kernels.compiled:
+    caches the library on disk); None where `component`'s kernel is not in use. A failed build is handled as
+    a failed torch.compile: the torch forms after a warning, or a ConfigError where kernels=compiled."""
+    if not enabled(component):
         return None
-    if path not in _cache:
+    key = (path, _build_flags())
+    if key not in _cache:
         try:
-            _cache[path] = _load_built(path, argtypes) or _build(path, argtypes)
+            _cache[key] = _load_built(path, argtypes) or _build(path, argtypes)
         except Exception as e:
             _failed(e)
             return None
-    return _cache[path]
+    return _cache[key]
+
+
+def _build_flags() -> str:
+    """Inductor's cpp.simdlen and cpp.march where they are set (where Inductor is imported): a build for another
+    vector width or target CPU is another library. Unset ("") the build follows this CPU (its vector ISA,
+    -march=native); tests build the scalar code of every kernel with simdlen 1 and march x86-64."""
+    config = sys.modules.get("torch._inductor.config")
+    cpp = getattr(config, "cpp", None)
+    if cpp is None or (cpp.simdlen is None and cpp.march is None):
+        return ""
+    return f"simdlen {cpp.simdlen} march {cpp.march}"
 
 
 def _build(path: Path, argtypes: Sequence[str]) -> Callable:
@@ -229,6 +257,7 @@ def _index(path: Path, argtypes: Sequence[str]) -> Path:
             user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
         root = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
     parts = [source_text(path), *argtypes, torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    parts += [_build_flags()] if _build_flags() else []
     key = hashlib.sha256("\0".join([*parts, compiler() or ""]).encode()).hexdigest()[:40]
     return Path(root).absolute() / "nmt_kernels" / f"{key}.json"
 
@@ -252,25 +281,27 @@ def _failed(e: Exception) -> None:
     """Compiling failed: a ConfigError where the kernels were insisted on, else a warning and eager kernels."""
     if _choice()["strict"]:
         raise ConfigError(
-            f"kernels=compiled: torch.compile failed ({type(e).__name__}: {str(e)[:300]}); install a C++ compiler "
-            "(apt install g++) or use trainer.kernels=eager (decoding.kernels=eager, nmt-translate --kernels eager)"
+            f"kernels=compiled: building a kernel failed ({type(e).__name__}: {str(e)[:300]}); install a C++ "
+            "compiler (apt install g++) or use kernels=eager (nmt-translate --kernels eager)"
         ) from e
-    log.warning("torch.compile failed (%s); the additive attention runs eager kernels", type(e).__name__)
-    _choice()["kernels"] = Kernels.eager  # a Translator's choice, or the process's
+    log.warning("building a kernel failed (%s): every component runs its torch form", type(e).__name__)
+    _choice()["on"] = frozenset()  # a Translator's choice, or the process's
     _state["broken"] = True
 
 
 def _guarded(compiled_fn: Callable) -> Callable:
     def call(*args):
         if is_in_torch_dispatch_mode():  # torch's FLOP counter, say: Dynamo cannot trace under it
-            return None
+            return fallback("attention_energy", "under a torch dispatch mode (a FLOP counter)")
         try:
             out = compiled_fn(*args)
             _state["worked"] = True
             return out
         except Exception as e:  # Inductor's errors have no common base class
             if _state["worked"]:  # compiling works here, not for this call (under a dispatch mode, say):
-                return None  # eager for this call only (a genuine error of the call comes back from there)
+                return fallback(
+                    "attention_energy", f"this call did not compile ({type(e).__name__})"
+                )  # eager for this call only (a genuine error of the call comes back from there)
             _failed(e)
             return None
 

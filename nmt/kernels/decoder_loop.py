@@ -1,10 +1,10 @@
-"""RNNsearch's teacher-forced decoder loop as one autograd node, where the compiled kernels run on a CPU.
+"""RNNsearch's teacher-forced decoder loop as one autograd node, where decoder_step's kernels run (nmt.plan).
 
 A decoder step of RNNsearch (query = the previous state, no input feeding, one layer) is five calls:
 
     q_t = W_s s_{t-1}                                     the query projection (StepWeight)
-    c_t, a_t = attend(q_t, keys, values)                  one C++ kernel (nmt.kernels.attention_step)
-    s_t, cell_t = cell(x0_t + W_r [c_t; s_{t-1}], cell)   a matmul (StepWeight) and one C++ kernel (nmt.kernels.lstm)
+    c_t, a_t = attend(q_t, keys, values)                  one C++ kernel (nmt.kernels.additive_step)
+    s_t, cell_t = cell(x0_t + W_r [c_t; s_{t-1}], cell)   a matmul (StepWeight) and one C++ kernel (kernels.lstm_cell)
 
 Through autograd each of them, and the views, casts and joins between them, is a node with its own
 bookkeeping: some two hundred dispatched operations a step, forward and backward, a cost per step whatever
@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.kernels.attention_step import ARGTYPES, DTYPES, SOURCE
-from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.additive_step import ARGTYPES, DTYPES, SOURCE
+from nmt.kernels.compiled import address, cpp_kernel, enabled, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.lstm import CELL_ARGTYPES, CELL_SOURCE, LayerParams
+from nmt.kernels.lstm_cell import CELL_ARGTYPES, CELL_SOURCE, LayerParams
 from nmt.kernels.stepweight import StepMatrix, StepWeight, step_input_gradient, step_product
 
 
@@ -53,8 +53,8 @@ def decoder_loop(
     additive_v and for_steps) -> (contexts (N, D), outputs s_t (N, H), weights (N, S)), step after step; None
     where this does not apply (another attention (v None) or layer count, no gradient, not a CPU, kernels not
     compiled, dtypes the kernels do not take)."""
-    if not loop_applies(v, h, keys, values, layers, active):
-        return None
+    if not enabled("decoder_step") or not loop_applies(v, h, keys, values, layers, active):
+        return None  # no loop as one node (searches, validation: no gradient): the step kernels, one by one
     w_s, w_r, matrix = keys.query.weight, layers[0].w_r.weight, values.matrix
     dtype = w_r.dtype
     if (
@@ -68,7 +68,7 @@ def decoder_loop(
         or x0.stride(-1) != 1
         or mask.dtype != torch.bool
     ):
-        return None
+        return fallback("decoder_step", "RNNsearch's loop: dtypes or layouts its kernels do not take")
     step_kernel, cell_kernel = loop_kernels()
     if step_kernel is None or cell_kernel is None:
         return None
@@ -113,7 +113,7 @@ def scatter_steps(rows: Tensor, positions: Tensor, B: int, T: int) -> Tensor:
 
 def loop_kernels() -> tuple:
     """The attention step's and the LSTM cell's C++ kernels (None each where they are not built)."""
-    return cpp_kernel(SOURCE, ARGTYPES), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)
+    return cpp_kernel(SOURCE, ARGTYPES, "decoder_step"), cpp_kernel(CELL_SOURCE, CELL_ARGTYPES, "decoder_step")
 
 
 class _Plan:

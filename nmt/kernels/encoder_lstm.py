@@ -10,9 +10,13 @@ elementwise part from nmt/kernels/csrc/lstm_cell.h), and the backward ends in la
 gradients of all steps times the inputs and the states. The arithmetic is nn.LSTM's on its own parameters
 (tested against it); the sums run in another order.
 
-It applies where the compiled kernels run (trainer.kernels, nmt.kernels.compiled) to an fp32 CPU batch, one
-layer with biases and no projection, from a zero initial state; elsewhere it returns None and the caller runs
-nn.LSTM. Shapes: B batch, S steps, E input size, H hidden size, D directions, G = 4H gates.
+It runs where the run's plan uses it (the component `encoder`, nmt.plan: auto takes it for one bidirectional
+fp32 CPU layer at any thread count) on an fp32 CPU batch, one layer with biases and no projection, from a zero
+initial state; elsewhere it returns None (a call it does not take is logged once: nmt.kernels.compiled.fallback)
+and the caller runs nn.LSTM. With two directions and two threads or more each direction runs on a thread of its
+own; on one thread they run one after the other.
+
+Shapes: B batch, S steps, E input size, H hidden size, D directions, G = 4H gates.
 """
 
 from __future__ import annotations
@@ -24,29 +28,32 @@ import torch
 from torch import Tensor, nn
 
 from nmt.kernels import step_gemm
-from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.compiled import address, cpp_kernel, fallback, is_in_torch_dispatch_mode
 
 SOURCE = Path(__file__).parent / "csrc" / "encoder_lstm.cpp"
 ARGTYPES = ["int64_t", "int64_t", *["uintptr_t"] * 10, *["int64_t"] * 4]
 FORWARD, BACKWARD, WIDTH = 0, 1, 2  # the kernel's first argument
 
 
-def encoder_lstm(rnn: nn.LSTM, x: Tensor, any_threads: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor]] | None:
+def encoder_lstm(rnn: nn.LSTM, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]] | None:
     """rnn(x) for x (B, S, E) batch_first: (out (B, S, D H), (h_n, c_n) (D, B, H)), or None where it does not
-    apply (see the module docstring) or was not measured faster: one direction, or torch not at 2 threads
-    (`any_threads`: whatever the count, for tests)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 3 or x.size(0) == 0 or x.size(1) == 0:
-        return None
-    if not rnn.batch_first or rnn.num_layers != 1 or not rnn.bias or rnn.proj_size or is_in_torch_dispatch_mode():
-        return None
-    threads = torch.get_num_threads()
-    if not any_threads and (threads != 2 or not rnn.bidirectional):
-        return None
+    apply (see the module docstring)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 3:
+        return fallback("encoder", "not a (B, S, E) fp32 CPU batch")
+    if x.size(0) == 0 or x.size(1) == 0:
+        return fallback("encoder", "an empty batch")
+    if not rnn.batch_first or rnn.num_layers != 1 or not rnn.bias or rnn.proj_size:
+        return fallback("encoder", "not one batch-first layer with biases and no projection")
+    if is_in_torch_dispatch_mode():
+        return fallback("encoder", "under a torch dispatch mode (a FLOP counter)")
     if torch.is_autocast_enabled("cpu") or any(p.dtype != torch.float32 for p in rnn.parameters()):
+        return fallback("encoder", "under autocast or with parameters not in fp32")
+    kernel = cpp_kernel(SOURCE, ARGTYPES, "encoder")
+    if kernel is None:
         return None
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
-    if kernel is None or _width(kernel) != step_gemm.width():
-        return None
+    if _width(kernel) != step_gemm.width("encoder"):
+        return fallback("encoder", "its panels' width differs from step_gemm's (another build)")
+    threads = torch.get_num_threads()
     names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
     suffixes = ["", "_reverse"] if rnn.bidirectional else [""]
     params = [getattr(rnn, f"{name}_l0{sfx}") for sfx in suffixes for name in names]  # per direction, in order
@@ -68,7 +75,7 @@ class _EncoderLSTM(torch.autograd.Function):
         xt = x.detach().transpose(0, 1).contiguous()  # (S, B, E)
         xw = torch.addmm(bias, xt.view(S * B, E), w_ih.t())  # (S B, D G)
         w_hh = [p.detach() for p in params[1::4]]  # (G, H) each
-        forward_panels = [step_gemm.pack(w, backward=False).forward for w in w_hh]  # K H, N G
+        forward_panels = [step_gemm.pack(w, backward=False, component="encoder").forward for w in w_hh]  # K H, N G
         cells, out, zeros = x.new_empty(D, S, B, H), x.new_empty(S, B, D * H), x.new_zeros(max(B * H, G))
         buffers = (xw, _table(forward_panels), zeros, cells, out)
         kernel(FORWARD, threads, *map(address, buffers), *[0] * 5, S, B, H, D)  # xw += h W_hh^T: then z
@@ -86,7 +93,7 @@ class _EncoderLSTM(torch.autograd.Function):
         S, B, E = xt.shape
         D, H = len(w_hh), w_hh[0].size(1)
         G = 4 * H
-        backward_panels = [step_gemm.pack(w, forward=False).backward for w in w_hh]  # K G, N H
+        backward_panels = [step_gemm.pack(w, forward=False, component="encoder").backward for w in w_hh]  # K G, N H
         grads = [None if g is None else g.float().contiguous() for g in (d_out, d_hn, d_cn)]
         dz, scratch = xt.new_empty(S, B, D * G), xt.new_empty(D, 2 * B * H + G)  # scratch: then the bias's gradient
         zeros = xt.new_zeros(max(B * H, G))

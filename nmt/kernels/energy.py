@@ -24,10 +24,10 @@ tanh' = 4 w with w = sigma (1 - sigma), so no pass turns the sigmoids into tanh 
 The elementwise work runs in fp32 whatever the autocast dtype: fp32 keeps the scores as exact as the
 unfused fp32 form (tested against it).
 
-Where a Trainer chose compiled kernels (trainer.kernels, nmt.kernels.compiled), the same arithmetic runs as loops
-that torch.compile generates (the end of this file): the forward reduces each sigmoid with v as it is
-computed, and a decoder step's backward adds its share of the keys' gradient inside the kernel, where the
-eager pieces make nine passes over their buffer. Both are tested against the plain form.
+Where the run's plan uses attention_energy (nmt.plan: training on a CPU with a C++ compiler), the same
+arithmetic runs as loops that torch.compile generates (the end of this file): the forward reduces each sigmoid
+with v as it is computed, and a decoder step's backward adds its share of the keys' gradient inside the kernel,
+where the eager pieces make nine passes over their buffer. Both are tested against the plain form.
 
     scores = additive_energy(q, keys, v)   # q (B, T, A), keys (B, S, A), v (A,) -> (B, T, S) fp32
 
@@ -110,7 +110,7 @@ class StepKeys(NamedTuple):
     of the keys' gradient into one buffer, in place, where autograd would form a (B, S, A) gradient per step
     and add it up. `query`, when given, is the query projection W_s for those steps (nmt.kernels.stepweight: its
     gradient one matmul over all steps, where nn.Linear forms and adds a (A, Q) gradient per step);
-    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.kernels.attention_step.factored_keys)."""
+    `exp_keys`, when given, exp(-2 keys) for the C++ step kernel (nmt.kernels.additive_step.factored_keys)."""
 
     keys: Tensor
     sums: _KeySums

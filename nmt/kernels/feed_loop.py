@@ -1,10 +1,10 @@
-"""The input-feeding decoder's teacher-forced loop as one autograd node, where compiled kernels run on a CPU in fp32.
+"""The input-feeding decoder's teacher-forced loop as one autograd node, where decoder_step's kernels run in fp32.
 
 A step of Luong's order with input feeding (query = the current state, one layer) and the additive score, the
 multi30k_deen preset's decoder (what OpenNMT-py calls "mlp" attention), is
 
-    h_t, cell_t = cell(x0_t + W_r [h~_{t-1}; h_{t-1}], cell_{t-1})   a matmul and one C++ kernel (nmt.kernels.lstm)
-    c_t, a_t = attend(W_s h_t, keys, values)                         a matmul and one C++ kernel (attention_step)
+    h_t, cell_t = cell(x0_t + W_r [h~_{t-1}; h_{t-1}], cell_{t-1})   a matmul and one C++ kernel (nmt.kernels.lstm_cell)
+    c_t, a_t = attend(W_s h_t, keys, values)                         a matmul and one C++ kernel (additive_step)
     h~_t = dropout(tanh(W_c [c_t; h_t]))                             a matmul, the dropout's mask, one C++ kernel
 
 Through autograd each of them, and the joins, views and casts between them, is a node with its own bookkeeping,
@@ -28,7 +28,7 @@ computes only, step after step as all its buffers are (`plan.positions` among th
 sentence's end (about an eighth of the multi30k_deen preset's B x T) cost no product, and the gates' gradients
 are x0's as the kernel leaves them, where a (B, T, 4H) gradient took a copy with zeros at those positions.
 
-fp32 only, every weight packed in panels (this preset runs its eager kernels under bf16 autocast: nmt.kernels.compiled).
+fp32 only, every weight packed in panels (step_products); under bf16 autocast the step kernels run one by one.
 
 Shapes: B batch, T steps, S source length, A attention size, D value size, H hidden, N the rows of all steps
 (sum of `active`: step t computes the first active[t] sentences).
@@ -42,10 +42,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.kernels.compiled import address, cpp_kernel
+from nmt.kernels.compiled import address, cpp_kernel, enabled, fallback
 from nmt.kernels.decoder_loop import loop_applies, loop_positions, scatter_steps
 from nmt.kernels.energy import StepKeys
-from nmt.kernels.lstm import LayerParams
+from nmt.kernels.lstm_cell import LayerParams
 from nmt.kernels.step_gemm import Panels
 from nmt.kernels.stepweight import StepMatrix, StepWeight
 from nmt.shapes import padded_count
@@ -70,20 +70,22 @@ def feed_plan(
     and for_steps), layer 0's parameters, W_c as a StepWeight and `dropout`, h~'s mask for a shape (n, H)
     (nmt.dropout.Dropout.mask; None: no dropout); None where it does not apply (another attention (v None) or
     layer count, no gradient, not a CPU, kernels not compiled, not fp32, autocast on)."""
-    if not loop_applies(v, h, keys, values, layers, active) or combine.steps is None:
-        return None
+    if not enabled("decoder_step") or not loop_applies(v, h, keys, values, layers, active) or combine.steps is None:
+        return None  # no loop as one node (searches, validation: no gradient): the step kernels, one by one
     first = layers[0]
     tensors = (h, keys.keys, keys.query.weight, values.matrix, first.w_x, first.bias, first.w_r.weight, combine.weight)
     if torch.is_autocast_enabled("cpu") or any(t is None or t.dtype != torch.float32 for t in tensors):
-        return None
+        return fallback("decoder_step", "the input-feeding loop: under autocast or not in fp32 (the step kernels)")
     if mask.dtype != torch.bool or not all(
         t is None or t.is_contiguous() for t in (keys.keys, keys.exp_keys, values.matrix)
     ):
-        return None
+        return fallback("decoder_step", "the input-feeding loop: keys or values not contiguous (the step kernels)")
     packed = (keys.query.packed, first.w_r.packed, combine.packed)  # W_s, W_r, W_c in panels, both ways
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
-    if kernel is None or not all(isinstance(x, Panels) and None not in (x.forward, x.backward) for x in packed):
+    kernel = cpp_kernel(SOURCE, ARGTYPES, "decoder_step")
+    if kernel is None:
         return None
+    if not all(isinstance(x, Panels) and None not in (x.forward, x.backward) for x in packed):
+        return fallback("decoder_step", "the input-feeding loop: its weights not in panels (step_products off)")
     return _Plan(v.float().contiguous(), keys, values, first.w_r, combine, mask.contiguous(), active, dropout, kernel)
 
 

@@ -1,5 +1,5 @@
 """Dropout's keep mask from torch's random words in one C++ pass (nmt/kernels/csrc/keep_mask.cpp), for
-nmt.dropout.keep_mask where the compiled kernels run (trainer.kernels, nmt.kernels.compiled).
+nmt.dropout.keep_mask where the run's plan uses it (the component dropout_mask, nmt.plan).
 
     mask = keep_mask_from(words, n, threshold, scale)   # (n,) fp32, or None: torch's operations then
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.kernels.compiled import cpp_kernel
+from nmt.kernels.compiled import cpp_kernel, fallback
 
 SOURCE = Path(__file__).parent / "csrc" / "keep_mask.cpp"
 ARGTYPES = ["uintptr_t", "int64_t", "int64_t", "float", "uintptr_t"]
@@ -25,9 +25,11 @@ ARGTYPES = ["uintptr_t", "int64_t", "int64_t", "float", "uintptr_t"]
 def keep_mask_from(words: Tensor, n: int, threshold: int, scale: float) -> Tensor | None:
     """(n,) fp32: `scale` where field i of `words` (int64, CPU, contiguous; three int16 fields each) is >=
     `threshold`, else 0; None where the kernel does not run (kernels eager, a big-endian machine)."""
-    if sys.byteorder != "little" or words.dtype != torch.int64 or not words.is_contiguous():
-        return None
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
+    if sys.byteorder != "little":
+        return fallback("dropout_mask", "a big-endian machine")
+    if words.dtype != torch.int64 or not words.is_contiguous():
+        return fallback("dropout_mask", "words not contiguous int64")
+    kernel = cpp_kernel(SOURCE, ARGTYPES, "dropout_mask")
     if kernel is None:
         return None
     out = torch.empty(n)

@@ -5,8 +5,8 @@ and backward (g W). A general matmul (MKL's, under torch.mm) copies the weight i
 every call, and over so few rows that copy is a large part of the call: on the AVX2 EPYC measured, 110 rows by
 the recurrence's (2048, 1024) weight ran at about two thirds of a large product's rate. `pack` lays W out once
 per batch in panels of 2 vectors of columns, for both directions; `product` then reads the panels straight
-from the cache (`nmt/kernels/csrc/step_gemm.cpp`). It runs where the compiled kernels run
-(nmt.kernels.compiled: trainer.kernels), on a CPU, in fp32; elsewhere `pack` returns None and the steps call
+from the cache (`nmt/kernels/csrc/step_gemm.cpp`). It runs where the run's plan uses it
+(the component step_products, nmt.plan), on a CPU, in fp32; elsewhere `pack` returns None and the steps call
 F.linear and mm (nmt.kernels.stepweight). The sums are the same products in another order. The encoder's
 LSTM (nmt.kernels.encoder_lstm) packs W_hh for each direction, forward and backward apart. The fused output
 layer (nmt.loss.output_loss_sum) packs its (V, H) weight once per batch for the forward only (`backward=False`)
@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from nmt.kernels.compiled import cpp_kernel
+from nmt.kernels.compiled import cpp_kernel, fallback
 
 SOURCE = Path(__file__).parent / "csrc" / "step_gemm.cpp"
 ARGTYPES = ["int64_t", *["uintptr_t"] * 3, *["int64_t"] * 5]
@@ -44,12 +44,14 @@ class Panels(NamedTuple):
     kernel: Callable
 
 
-def pack(weight: Tensor, backward: bool = True, forward: bool = True) -> Panels | None:
-    """W's panels for both directions (or one), or None where the kernel does not run (not a CPU, not fp32, the
-    kernels not compiled, a build that failed)."""
+def pack(
+    weight: Tensor, backward: bool = True, forward: bool = True, component: str = "step_products"
+) -> Panels | None:
+    """W's panels for both directions (or one), or None where the kernel does not run (not a CPU, not fp32,
+    `component`'s kernel not in use: the step's products, or the encoder's or the output layer's own packing)."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
-        return None
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
+        return fallback(component, "a weight that is not a 2-D fp32 CPU tensor")
+    kernel = cpp_kernel(SOURCE, ARGTYPES, component)
     if kernel is None:
         return None
     w = weight.detach().contiguous()
@@ -83,9 +85,9 @@ def product(x: Tensor, panels: Tensor, N: int, kernel: Callable, out: Tensor | N
 _widths: dict[Callable, int] = {}
 
 
-def width() -> int | None:
-    """NR of the kernel `pack` uses (None where it does not run)."""
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
+def width(component: str = "step_products") -> int | None:
+    """NR of the kernel `pack` uses for `component` (None where it does not run)."""
+    kernel = cpp_kernel(SOURCE, ARGTYPES, component)
     return None if kernel is None else _width(kernel)
 
 

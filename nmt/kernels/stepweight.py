@@ -10,9 +10,9 @@ the shared tensor's backward, which autograd runs after every step's, does the o
     for t in ...:
         y_t = w(x_t)                                 # x_t W^T
 
-Where the compiled kernels run (trainer.kernels) on a CPU, the weight is also packed once per batch for the steps'
-products: an fp32 weight in panels for a hand-written kernel (nmt.kernels.step_gemm), a bf16 weight on a CPU with
-bf16 hardware in oneDNN's layout (`Packed`; fp32 weights no longer go to oneDNN: see there).
+Where the run's plan uses step_products (nmt.plan) on a CPU, the weight is also packed once per batch for the
+steps' products: an fp32 weight in panels for a hand-written kernel (nmt.kernels.step_gemm), a bf16 weight on a
+CPU with bf16 hardware in oneDNN's layout (`Packed`).
 
 The attention's values (and the keys of the matmul scores) are the same for a batch of matrices, one per
 sentence: `StepMatrix.of(values, dtype)` hands them to the steps, each step's a_t M records (a_t, g_t), and the
@@ -29,11 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.choices import Kernels
-from nmt.device import native_bf16
 from nmt.kernels import step_gemm
-from nmt.kernels.compiled import is_in_torch_dispatch_mode, kernels
+from nmt.kernels.compiled import enabled, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.step_gemm import Panels
+from nmt.precision import native_bf16
 from nmt.shapes import cat_rows, padded_count
 
 
@@ -112,24 +111,16 @@ def _full(steps: list[Tensor], batch: int) -> list[Tensor]:
 
 
 class Packed(NamedTuple):
-    """A step weight W (out, in) in oneDNN's own layout, twice: for x W^T (forward) and g W (the input gradient).
+    """A bf16 step weight W (out, in) in oneDNN's own layout, twice: for x W^T (forward) and g W (the input
+    gradient).
 
     A decoder step multiplies a few dozen rows by W, and in a loop whose attention streams the keys through
     the cache W is read from memory at every step; oneDNN then also copies W into its blocked layout for each
     call. Packed once per batch (`pack`), a step reads the blocked copy only: on the AMD EPYC measured, 22 rows
-    by a (1024, 512) weight took 162 instead of 210 us in bf16 and 265 instead of 390 in fp32 (README "Long
-    inputs"). Packed where the compiled kernels run (trainer.kernels, nmt.kernels.compiled), on a CPU with bf16
-    hardware, in bf16; the products are the same up to the order of fp32 sums.
-
-    fp32 weights are not packed for oneDNN (they were until 2026-12-06; they go to nmt.kernels.step_gemm's panels
-    instead, which hold no state between calls): fp32 steps keep their exact row counts (rows are
-    rounded to a few shapes only under autocast), so oneDNN builds and keeps a kernel for nearly every step of
-    every batch. On a 2-core AMD EPYC with AVX2 only, the multi30k_deen preset in fp32 with the compiled
-    kernels (`python scripts/memory_trace.py --seconds 150`, one run each) trained 133.2 sentences/s at 2,487
-    MiB peak with fp32 packing against 132.4 at 1,866 MiB without it: 600 MiB for no speed, though one step's
-    product alone, 107 rows by (2048, 1024), took 3.05 instead of 3.85 ms packed. Tried again with the rows rounded
-    to a multiple of 8 and the input-feeding loop as one node (nmt.kernels.feed_loop): 1.059x per batch, paired,
-    but 131.2 against 134.0 sentences/s and 170 MiB more over 150 s runs (docs/performance.md): not packed."""
+    by a (1024, 512) weight took 162 instead of 210 us in bf16 (README "Long inputs"). Packed where the run's
+    plan uses step_products (nmt.plan), on a CPU with bf16 hardware, in bf16; the products are the same up to
+    the order of fp32 sums. An fp32 weight goes to nmt.kernels.step_gemm's panels instead, which hold no state
+    between calls (oneDNN keeps a kernel for every row count an fp32 step meets: docs/performance.md)."""
 
     forward: Tensor
     backward: Tensor
@@ -138,20 +129,22 @@ class Packed(NamedTuple):
     def pack(weight: Tensor) -> Packed | Panels | None:
         """W packed (see the class; an fp32 W in nmt.kernels.step_gemm's panels), or None where it is not (the
         step then calls F.linear and mm)."""
-        if weight.device.type != "cpu" or kernels() != Kernels.compiled:
+        if not enabled("step_products"):
             return None
-        if weight.dtype == torch.float32 and _PACKING["panels"]:
+        if weight.device.type != "cpu":
+            return fallback("step_products", "not a CPU weight")
+        if weight.dtype == torch.float32:
             return step_gemm.pack(weight)
         if not _PACKING["works"]:
-            return None
-        if weight.dtype not in _PACKING["dtypes"] or (weight.dtype == torch.bfloat16 and not native_bf16("cpu")):
-            return None
+            return fallback("step_products", "this torch's oneDNN refused to pack a weight")
+        if weight.dtype != torch.bfloat16 or not native_bf16("cpu"):
+            return fallback("step_products", "a weight neither fp32 nor bf16 on a CPU with bf16 hardware")
         try:
             w = weight.detach()
             return Packed(_reorder(w), _reorder(w.t().contiguous()))
         except (AttributeError, RuntimeError):  # a torch without oneDNN, or a layout it refuses: the plain calls
             _PACKING["works"] = False  # for the rest of the process
-            return None
+            return fallback("step_products", "this torch's oneDNN refused to pack a weight")
 
     @staticmethod
     def product(x: Tensor, packed: Tensor) -> Tensor:
@@ -160,9 +153,7 @@ class Packed(NamedTuple):
 
 
 PACK_ROWS = 32  # the row count oneDNN packs for: a hint (a step's products take any number of rows)
-# whether oneDNN packs here, and the dtypes it packs (fp32 not: see Packed; the tests add it to check the
-# products); panels: fp32 weights go to nmt.kernels.step_gemm instead
-_PACKING = {"works": torch.backends.mkldnn.is_available(), "dtypes": (torch.bfloat16,), "panels": True}
+_PACKING = {"works": torch.backends.mkldnn.is_available()}  # whether oneDNN packs bf16 weights here
 
 
 def _reorder(weight: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ DECODING_MAY_DIFFER = (
     "batch_tokens",
     "kernels",
     "kernels_resolved",
-    "kernels_reason",
+    "plan",
 )
 
 

@@ -127,8 +127,8 @@ def make_record(info: RunInfo, corpus, split: str, settings: RecordSettings) -> 
 
     from nmt.checkpoint import load_checkpoint
     from nmt.corpora.windows import left_out, window_starts
-    from nmt.device import provenance
     from nmt.evaluation import evaluate
+    from nmt.provenance import provenance
     from nmt.study.attention_stats import attention_statistics
     from nmt.translator import Translator
 

@@ -1,4 +1,4 @@
-// One decoder step of the additive attention for nmt/kernels/attention_step.py: additive_step.h's forward and
+// One decoder step of the additive attention for nmt/kernels/additive_step.py: additive_step.h's forward and
 // backward behind one entry. Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the
 // entry `kernel`; nmt.kernels.compiled.source_text puts the headers in place.
 #include <torch/csrc/inductor/cpp_prefix.h>

@@ -1,5 +1,5 @@
 // One decoder step of the additive attention, forward and backward (additive_step.cpp for
-// nmt/kernels/attention_step.py, feed_loop.cpp), one sentence
+// nmt/kernels/additive_step.py, feed_loop.cpp), one sentence
 // (row b) at a time; rows are spread over the OpenMP threads torch runs with.
 //
 //   forward   e_s = v^T tanh(q + k_s) for the real positions s, a = softmax(e), context = sum_s a_s V_s

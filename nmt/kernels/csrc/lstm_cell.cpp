@@ -1,4 +1,4 @@
-// The LSTM cell's elementwise part for one decoder step (nmt/kernels/lstm.py), forward and backward, through
+// The LSTM cell's elementwise part for one decoder step (nmt/kernels/lstm_cell.py), forward and backward, through
 // lstm_cell.h; the matmuls stay torch's. x0 is a view of the embeddings' projection for all steps, or the bias
 // with stride 0. Built by Inductor's C++ toolchain (torch's vector ISA and flags), which calls the entry `kernel`;
 // nmt.kernels.compiled.source_text puts lstm_cell.h in place.

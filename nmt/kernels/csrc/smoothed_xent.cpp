@@ -1,5 +1,5 @@
 // The label-smoothed cross-entropy of a piece of logits and its gradient, in place, one row at a time
-// (nmt/kernels/xent.py); rows are spread over the OpenMP threads torch runs with. For a row x (V) of the output
+// (nmt/kernels/smoothed_xent.py); rows are spread over the OpenMP threads torch runs with. For a row x (V) of the output
 // layer's products, to which the layer's bias is added here (a pass fewer than addmm's), with target y and
 // lse = logsumexp(x):
 //

@@ -5,7 +5,7 @@ each piece's logits become their loss and, in place, their gradient. In torch op
 (a max, a subtraction, an exp, a sum and a log, each a pass over the piece), a gather, a mean, another exp, a
 subtraction, a scatter and a multiplication: about ten passes and two exps per logit.
 `nmt/kernels/csrc/smoothed_xent.cpp` does it row by row in three passes with one exp per logit, while the row
-is in cache. It runs where the compiled kernels run (trainer.kernels, nmt.kernels.compiled); elsewhere
+is in cache. It runs where the run's plan uses it (the component output_loss, nmt.plan); elsewhere
 `smoothed_xent` returns False and the caller goes the torch way.
 
     done = smoothed_xent(z, bias, target, losses, eps, pad, grad_bias)  # z = x W^T (R, V) fp32 -> z + bias's gradient
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.kernels.compiled import cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.compiled import cpp_kernel, fallback, is_in_torch_dispatch_mode
 
 SOURCE = Path(__file__).parent / "csrc" / "smoothed_xent.cpp"
 ARGTYPES = ["uintptr_t", "uintptr_t", "uintptr_t", "uintptr_t", "int64_t", "int64_t", "float", "int64_t", "uintptr_t"]
@@ -35,14 +35,16 @@ def smoothed_xent(
     zeros in both. With grad_bias (V,) fp32, the gradient's column sums (the bias's gradient) are added into
     it. False (nothing done, z untouched) where the kernel does not run: not a CPU, kernels not compiled, other
     dtypes or layouts, or under a torch dispatch mode (a FLOP counter)."""
-    if z.device.type != "cpu" or is_in_torch_dispatch_mode():
-        return False
+    if z.device.type != "cpu":
+        return bool(fallback("output_loss", "not a CPU tensor"))
+    if is_in_torch_dispatch_mode():
+        return bool(fallback("output_loss", "under a torch dispatch mode (a FLOP counter)"))
     sums = [] if grad_bias is None else [grad_bias]
     if any(t.dtype != torch.float32 for t in (z, bias, losses, *sums)) or target.dtype != torch.int64:
-        return False
+        return bool(fallback("output_loss", "not fp32 logits with int64 targets"))
     if not all(t.is_contiguous() for t in (z, bias, target, losses, *sums)):
-        return False
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
+        return bool(fallback("output_loss", "tensors not contiguous"))
+    kernel = cpp_kernel(SOURCE, ARGTYPES, "output_loss")
     if kernel is None:
         return False
     R, V = z.shape

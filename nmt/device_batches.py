@@ -1,6 +1,6 @@
 """Training batches on the device, with their loss rows, prepared ahead of the step where the device plan says so.
 
-    feed = BatchFeed(plan, device)
+    feed = DeviceBatches(plan, device)
     for batch, rows in feed.take(split, group, upcoming):   # group: a step's batches (lists of indices)
         logits, _ = model(batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths)
 
@@ -27,10 +27,10 @@ from nmt.loss import rows_of_lengths
 Prepared = list[tuple[Batch, Tensor]]  # a group's batches and their loss rows (N,), on the host
 
 
-class BatchFeed:
+class DeviceBatches:
     def __init__(self, plan: DevicePlan, device: torch.device):
         self.plan, self.device = plan, device
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-feed") if plan.prefetch else None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="nmt-batches") if plan.prefetch else None
         self._ahead: dict[tuple, tuple[EncodedSplit, Future[Prepared]]] = {}
 
     def take(self, split: EncodedSplit, group: list[list[int]], upcoming: list[list[list[int]]] = ()) -> Prepared:

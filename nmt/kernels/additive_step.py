@@ -14,7 +14,7 @@ with exp(-2k) computed once a batch (`factored_keys`), each sigmoid is 1 / (1 + 
 with no exp per (position, element). The tests hold both to the fp64 plain form to 1e-5 of each tensor's
 largest value, like the compiled energy.
 
-It runs where the kernels are compiled (trainer.kernels, nmt.kernels.compiled: Inductor's C++ toolchain builds it,
+It runs where the run's plan uses decoder_step's kernels (nmt.plan; Inductor's C++ toolchain builds it,
 a second or two once per machine) on a CPU, for one query step (T = 1) with fp32 or bf16 values; elsewhere
 `additive_step` returns None and the caller goes the torch way.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.compiled import address, cpp_kernel, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.energy import StepKeys
 from nmt.kernels.stepweight import StepMatrix
 
@@ -92,17 +92,17 @@ def additive_step(
     dtype, weights (B, S) fp32, exactly 0 on padding). None where the C++ kernels do not run (see the module
     docstring): the caller computes the step with torch operations."""
     if q.device.type != "cpu" or is_in_torch_dispatch_mode():  # torch's FLOP counter sees the torch path
-        return None
+        return fallback("decoder_step", "the attention step: not a CPU tensor, or under a torch dispatch mode")
     keys, sums, exp_keys = (keys.keys, keys.sums, keys.exp_keys) if isinstance(keys, StepKeys) else (keys, None, None)
     if isinstance(values, StepMatrix):
         if values.transpose:
-            return None
+            return fallback("decoder_step", "the attention step: values multiplied transposed")
         values, steps = values.matrix, values.steps
     else:
         steps = None
     if values.dtype not in DTYPES or keys.dtype != torch.float32 or mask.dtype != torch.bool:
-        return None
-    kernel = cpp_kernel(SOURCE, ARGTYPES)
+        return fallback("decoder_step", "the attention step: values neither fp32 nor bf16, or keys not fp32")
+    kernel = cpp_kernel(SOURCE, ARGTYPES, "decoder_step")
     if kernel is None:
         return None
     q, v = q.float().contiguous(), v.float().contiguous()
@@ -115,11 +115,11 @@ def factored_keys(keys: Tensor) -> Tensor | None:
     step kernel then computes each sigmoid as 1 / (1 + exp(-2 q) exp(-2 k)), one exp per query element a step
     where the plain form takes one per (position, element). None where the kernel does not run, or where some
     |k| > RANGE (exp(-2 q) = inf could then meet exp(-2 k) = 0)."""
+    if cpp_kernel(SOURCE, ARGTYPES, "decoder_step") is None:
+        return None
     if keys.device.type != "cpu" or keys.dtype != torch.float32 or is_in_torch_dispatch_mode():
-        return None
-    if cpp_kernel(SOURCE, ARGTYPES) is None:
-        return None
+        return fallback("decoder_step", "the factored keys: not fp32 CPU keys, or under a torch dispatch mode")
     with torch.no_grad():
         if not bool(keys.abs().amax() <= RANGE):  # also NaN
-            return None
+            return fallback("decoder_step", f"the factored keys: some |k| over {RANGE:g} (or NaN)")
         return torch.exp(keys * -2.0).contiguous()

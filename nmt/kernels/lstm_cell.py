@@ -7,7 +7,7 @@ Written out rather than calling nn.LSTM once per step: the embeddings' share of 
 for all steps in one matmul (x0 = W_x y + b, by the caller), the weights are cast once per batch under
 autocast, and the weights used at every step get their gradient in one matmul over all steps
 (nmt.kernels.stepweight). The arithmetic is nn.LSTM's (gates i, f, g, o), and checkpoints hold nn.LSTM's parameters.
-Where the compiled kernels run (trainer.kernels, nmt.kernels.compiled) on a CPU, a layer's elementwise part (the
+Where the run's plan uses decoder_step's kernels (nmt.plan) on a CPU, a layer's elementwise part (the
 gates' sigmoids and tanhs, the new cell and output) is one C++ call each way (nmt/kernels/csrc/lstm_cell.cpp) instead of
 a dozen torch operations forward and twice as many backward: a decoder step pays each operation's fixed cost,
 and long inputs take more steps for the same tokens (README "Long inputs").
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from nmt.kernels.compiled import address, cpp_kernel, is_in_torch_dispatch_mode
+from nmt.kernels.compiled import address, cpp_kernel, fallback, is_in_torch_dispatch_mode
 from nmt.kernels.stepweight import StepWeight
 
 CELL_SOURCE = Path(__file__).parent / "csrc" / "lstm_cell.cpp"
@@ -80,7 +80,7 @@ def layer(x: Tensor, index: int) -> Tensor:
 
 def lstm_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
     """The gates z = x0 + wx (B, 4H) (x0 may be the bias (4H,)) and the previous cell c (B, H) fp32 ->
-    (h (B, H) in wx's dtype, the new cell (B, H) fp32): one C++ call where the compiled kernels run, else
+    (h (B, H) in wx's dtype, the new cell (B, H) fp32): one C++ call where decoder_step's kernels run, else
     torch operations."""
     step = _compiled_cell(x0, wx, c)
     if step is not None:
@@ -92,12 +92,12 @@ def lstm_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
 
 def _compiled_cell(x0: Tensor, wx: Tensor, c: Tensor) -> tuple[Tensor, Tensor] | None:
     if wx.device.type != "cpu" or is_in_torch_dispatch_mode():  # torch's FLOP counter sees the torch path
-        return None
+        return fallback("decoder_step", "the LSTM cell: not a CPU tensor, or under a torch dispatch mode")
     if x0.dtype != torch.float32 or c.dtype != torch.float32 or wx.dtype not in (torch.float32, torch.bfloat16):
-        return None
+        return fallback("decoder_step", "the LSTM cell: x0 and c not fp32, or wx neither fp32 nor bf16")
     if x0.stride(-1) != 1 or (x0.dim() == 2 and x0.size(0) > 1 and x0.stride(0) < x0.size(1)):
-        return None
-    kernel = cpp_kernel(CELL_SOURCE, CELL_ARGTYPES)
+        return fallback("decoder_step", "the LSTM cell: x0's rows overlap or its last dimension is strided")
+    kernel = cpp_kernel(CELL_SOURCE, CELL_ARGTYPES, "decoder_step")
     if kernel is None:
         return None
     return _LSTMCell.apply(x0, wx.contiguous(), c.contiguous(), kernel)
