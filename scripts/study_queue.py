@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, required=True, help="folder for the run directories (checkpoints)")
     p.add_argument("--data-root", default="../shared/data/multi30k", help="Multi30k's raw files (data.root)")
     p.add_argument("--studies", default=",".join(STUDIES), help="comma-separated: " + ", ".join(STUDIES))
-    p.add_argument("--attentions", default="none,bahdanau,luong")
+    p.add_argument("--attentions", default="luong,bahdanau,none", help="the longest-training first (default)")
     p.add_argument("--seeds", default="1,2,3,4,5")
     p.add_argument("--parallel", type=int, default=2, help="jobs at a time, one thread each (default: 2)")
     p.add_argument("--no-start-after", default=None, help="ISO time after which no job starts (e.g. 17:50)")

@@ -258,9 +258,25 @@ def test_bottleneck_presets_sweep_the_three_attentions(experiment):
     assert params["attention"] == "none,bahdanau,luong" and set(params) <= {"attention", "seed"}
     assert jobs == 3 * len(seeds)
     if experiment == "bottleneck":  # the headline study: Multi30k caption windows, k=5 never trained on
-        assert (data["name"], data["window"], data["window_test"], len(seeds)) == ("multi30k", 4, 5, 3)
+        assert (data["name"], data["window"], data["window_test"], len(seeds)) == ("multi30k", 4, 5, 5)
     if experiment == "bottleneck_bible":
         assert (data["name"], data["window"], len(seeds)) == ("bible", 4, 3)
+
+
+def test_the_bottleneck_study_trains_to_the_plateau_in_fp32():
+    """experiment=bottleneck stops on validation BLEU's plateau, not a fixed budget: the learning rate is halved at
+    least twice without a gain before a run stops, the ceiling is far beyond any pilot's plateau, and the
+    precision is the same (fp32) on every machine."""
+    from omegaconf import OmegaConf
+
+    from nmt.cli.common import compose_config
+
+    cfg = OmegaConf.to_container(compose_config(["experiment=bottleneck"]), resolve=True)
+    trainer, optim = cfg["trainer"], cfg["optim"]
+    assert trainer["best_metric"] == "bleu" and optim["schedule"] == "plateau"
+    assert trainer["patience"] >= 2 * (optim["plateau_patience"] + 1)  # two cuts of the rate, then the stop
+    assert trainer["max_epochs"] >= 100 and trainer["max_steps"] is None and trainer["max_minutes"] is None
+    assert trainer["amp"] == "off"
 
 
 # ------------------------------------------------------------------------------------ config differences
