@@ -190,7 +190,10 @@ def enough_files(connections: int) -> int:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (not yet listening); ConfigError with the fix if that is impossible."""
+    """A socket bound to host:port and listening; ConfigError with the fix if that is impossible. It listens at
+    once, before any model loads: Linux lets two sockets with SO_REUSEADDR bind one port while neither listens,
+    so a second nmt-serve started moments after the first would otherwise learn of the clash only at listen(),
+    after loading its models. Connections made while the models load wait in the backlog."""
     from nmt.errors import ConfigError
 
     try:
@@ -205,6 +208,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
+        sock.listen(1024)
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
@@ -262,7 +266,6 @@ def serve(args: argparse.Namespace) -> None:
         max_connections=max_connections,
     )
     server = make_server(app, connections)
-    sock.listen(1024)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if not loopback:

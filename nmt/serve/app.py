@@ -22,7 +22,8 @@ check, the cap on requests in progress (Limits.max_active), refusals and bugs; r
 reaches the app (a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in
 the same JSON.
 The model calls run in the threadpool, one per checkpoint, side by side; each checkpoint's lock keeps it to
-one request at a time, so concurrent requests never mix.
+one request at a time, so concurrent requests never mix. The page is drawn, and replies of POST /translate are
+encoded, off the event loop, the page within a size bound and sent as it is drawn (nmt/serve/render.py).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.serve.examples import Examples
 from nmt.serve.guard import CLOSING, HEADERS, Guard, refusal, report_bug
 from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
 from nmt.serve.page import render_page
+from nmt.serve.render import Renderer
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
@@ -70,6 +72,7 @@ class Server:
     def __init__(self, models: list[ServedModel], examples: Examples, limits: Limits):
         self.models, self.examples, self.limits = models, examples, limits
         self.pending = 0
+        self.renderer = Renderer()  # pages and JSON replies, off the event loop (nmt/serve/render.py)
         # one worker thread per model: its requests queue there instead of holding threads on its lock
         self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"nmt-model{m.index}") for m in models]
 
@@ -220,7 +223,7 @@ def create_app(
 
     async def api_translate(request: Request) -> Response:
         text, beam = parse_translate_body(await read_body(request, lim.max_body, lim.read_timeout), lim)
-        return JSONResponse(await server.translate(text, beam), headers=HEADERS)
+        return await server.renderer.json(await server.translate(text, beam), HEADERS)
 
     async def api_models(request: Request) -> Response:
         return JSONResponse(
@@ -253,9 +256,9 @@ def create_app(
             error, status = str(e), e.status
         except Exception as e:
             error, status = report_bug(e, f"{request.method} /"), 500
-        html = render_page(server.models, server.examples, server.limits, form, result, error)
+        parts = render_page(server.models, server.examples, server.limits, form, result, error)  # drawn lazily
         headers = {**HEADERS, "Connection": "close"} if status in CLOSING else HEADERS
-        return HTMLResponse(html, status, headers=headers)
+        return await server.renderer.page(parts, status, headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -16,9 +16,12 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
     cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
   - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
-    request in progress, none waiting unread in the kernel) are closed to make room; if there are too few,
-    the newcomer is answered 503 once its request has arrived, never closed before it is read;
-  - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a request
+    request in progress, none waiting unread in the kernel) are closed to make room, then the ones that have
+    left their replies unread for longest (their send deadline running: every local client shares 127.0.0.1,
+    so a bound by address would not help); if there are too few, the newcomer is answered 503 once its
+    request has arrived, never closed before it is read;
+  - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a chunked
+    body in more than max_chunks chunks 400 (both close the connection), a request
     with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
     target is served as its path;
   - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
@@ -69,8 +72,9 @@ class ConnectionLimits:
     read_timeout: float = 10.0  # seconds from a request's first byte to its last (headers and body); then 408
     idle_timeout: float = 5.0  # seconds a connection may send nothing: after it opens, and between requests
     write_timeout: float = 10.0  # seconds to read a backlog of replies, from when it fills the send buffer; then cut
-    max_connections: int = 256  # open connections; past it the longest-idle one is closed
+    max_connections: int = 256  # open connections; past it the longest-idle (or longest unread) one is closed
     max_header_bytes: int = 16384  # a request line and headers over this: 431
+    max_chunks: int = 256  # chunks of a chunked body (so they average 256 bytes at the 64 KiB limit); more: 400
 
 
 def raw_refusal(status: int, message: str) -> bytes:
@@ -93,7 +97,7 @@ class GuardedProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.conn = StrictConnection(self.limits.max_header_bytes, self._seen)
+        self.conn = StrictConnection(self.limits.max_header_bytes, self.limits.max_chunks, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
         self.over_cap = False  # opened past max_connections: its request gets 503 unless room is made by then
@@ -144,7 +148,8 @@ class GuardedProtocol(H11Protocol):
             if not self._make_room():
                 open_ = sum(not c.transport.is_closing() for c in self.connections)
                 raise Refusal(
-                    f"too many connections: {open_} are open and none is idle; try again in a moment",
+                    f"too many connections: {open_} are open, none idle or leaving its replies unread; try again "
+                    "in a moment",
                     error_status_hint=503,
                 )
             self.over_cap = False
@@ -153,7 +158,12 @@ class GuardedProtocol(H11Protocol):
             self._disarm()
 
     def send_400_response(self, msg: str) -> None:
-        """A request refused before the app (malformed, a head too large, no room): the JSON refusal, then close."""
+        """A request refused before the app (malformed, a head too large, no room) or while its body arrives (too
+        many chunks): the JSON refusal, then close; an app waiting for the body hears that the client left."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
         self._refuse(*self.conn.refusal)
 
     def pause_writing(self) -> None:  # the send buffer is full: the client has write_timeout to read it all
@@ -209,17 +219,30 @@ class GuardedProtocol(H11Protocol):
             self._refuse(408, read_timeout_message(self.limits.read_timeout))
 
     def _make_room(self) -> bool:
-        """Past max_connections, close the longest-idle connections with nothing to read; whether there is room.
+        """Past max_connections, close the longest-idle connections with nothing to read, then cut those that have
+        left their replies unread for longest (their send deadline is running); whether there is room now.
         A connection whose request still waits unread in the kernel is not idle: it came in the same burst."""
         others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         excess = len(others) + 1 - self.limits.max_connections
         if excess <= 0:
             return True
-        waiting = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
+        guarded = [c for c in others if isinstance(c, GuardedProtocol)]
+        waiting = sorted((c for c in guarded if not c.busy), key=lambda c: c.since)
         idle = list(islice((c for c in waiting if not c.unread()), excess))
         for c in idle:
             c._close()
-        return len(idle) == excess
+        stalled = sorted(
+            (c for c in guarded if c.unread_since is not None and c not in idle), key=lambda c: c.unread_since
+        )
+        for c in stalled[: excess - len(idle)]:
+            c._cut()
+        return len(idle) + len(stalled) >= excess
+
+    @property
+    def unread_since(self) -> float | None:
+        """When this connection's replies backed up unread (its send deadline began), or None."""
+        deadline = self.write_deadline
+        return None if deadline is None else deadline.when() - self.limits.write_timeout
 
     def _refuse(self, status: int, message: str) -> None:
         self.transport.write(raw_refusal(status, message))
