@@ -21,8 +21,9 @@ serving. Guard (nmt/serve/guard.py), the outermost layer, gives every response H
 check, the cap on requests in progress (Limits.max_active), refusals and bugs; refusals made before a request
 reaches the app (a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in
 the same JSON.
-The model calls run in the threadpool, one per checkpoint, side by side; each checkpoint's lock keeps it to
-one request at a time, so concurrent requests never mix. The page is drawn, and replies of POST /translate are
+The model calls run in one thread per checkpoint (nmt/serve/lanes.py: the earliest deadline first, so a short
+request overtakes long ones), side by side; each checkpoint's lock keeps it to one request at a time, so
+concurrent requests never mix. The page is drawn, and replies of POST /translate are
 encoded, off the event loop, the page within a size bound and sent as it is drawn (nmt/serve/render.py).
 """
 
@@ -32,7 +33,6 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -45,6 +45,7 @@ from starlette.routing import Route
 
 from nmt.serve.examples import Examples
 from nmt.serve.guard import CLOSING, HEADERS, Guard, refusal, report_bug
+from nmt.serve.lanes import Lane
 from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
 from nmt.serve.page import render_page
 from nmt.serve.render import Renderer
@@ -73,8 +74,8 @@ class Server:
         self.models, self.examples, self.limits = models, examples, limits
         self.pending = 0
         self.renderer = Renderer()  # pages and JSON replies, off the event loop (nmt/serve/render.py)
-        # one worker thread per model: its requests queue there instead of holding threads on its lock
-        self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"nmt-model{m.index}") for m in models]
+        # one worker thread per model, the earliest deadline first (nmt/serve/lanes.py): short requests overtake
+        self.lanes = [Lane(f"nmt-model{m.index}") for m in models]
 
     async def translate(self, text: str, beam: object) -> dict:
         """Every model's translation, each in a worker thread; RequestError if busy or over the time limit."""
@@ -83,10 +84,9 @@ class Server:
         if self.pending >= self.limits.max_pending:
             raise RequestError(f"busy: {self.pending} requests are being translated; try again in a moment", 503)
         self.pending += 1
-        loop = asyncio.get_running_loop()
         calls = [
-            loop.run_in_executor(worker, m.translate, text, beam, self.limits.max_pieces)
-            for m, worker in zip(self.models, self.workers, strict=True)
+            asyncio.wrap_future(lane.submit(len(text) * beam, m.translate, text, beam, self.limits.max_pieces))
+            for m, lane in zip(self.models, self.lanes, strict=True)
         ]
         job = asyncio.gather(*calls, return_exceptions=True)  # done when every call is
         job.add_done_callback(self._finished)

@@ -17,9 +17,10 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
   - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
     request in progress, none waiting unread in the kernel) are closed to make room, then the ones that have
-    left their replies unread for longest (their send deadline running: every local client shares 127.0.0.1,
-    so a bound by address would not help); if there are too few, the newcomer is answered 503 once its
-    request has arrived, never closed before it is read;
+    left their replies unread for longest: those whose send deadline runs, longest first, then those that
+    pipeline (a next request sent before the reply to the one in progress, as no browser does), oldest first
+    (every local client shares 127.0.0.1, so a bound by address would not help); if there are too few, the
+    newcomer is answered 503 once its request has arrived, never closed before it is read;
   - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a chunked
     body in more than max_chunks chunks 400 (both close the connection), a request
     with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
@@ -220,8 +221,9 @@ class GuardedProtocol(H11Protocol):
 
     def _make_room(self) -> bool:
         """Past max_connections, close the longest-idle connections with nothing to read, then cut those that have
-        left their replies unread for longest (their send deadline is running); whether there is room now.
-        A connection whose request still waits unread in the kernel is not idle: it came in the same burst."""
+        left their replies unread for longest (their send deadline is running), then those that pipeline; whether
+        there is room now. A connection whose request still waits unread in the kernel is not idle (it came in the same
+        burst), and one whose client waits for the reply to its request in progress, nothing sent after, is kept."""
         others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         excess = len(others) + 1 - self.limits.max_connections
         if excess <= 0:
@@ -231,12 +233,18 @@ class GuardedProtocol(H11Protocol):
         idle = list(islice((c for c in waiting if not c.unread()), excess))
         for c in idle:
             c._close()
-        stalled = sorted(
-            (c for c in guarded if c.unread_since is not None and c not in idle), key=lambda c: c.unread_since
-        )
-        for c in stalled[: excess - len(idle)]:
+        rest = [c for c in guarded if c not in idle]
+        unread = sorted((c for c in rest if c.unread_since is not None), key=lambda c: c.unread_since)
+        if len(idle) + len(unread) < excess:
+            unread += sorted((c for c in rest if c.unread_since is None and c.pipelining()), key=lambda c: c.since)
+        for c in unread[: excess - len(idle)]:
             c._cut()
-        return len(idle) + len(stalled) >= excess
+        return len(idle) + len(unread) >= excess
+
+    def pipelining(self) -> bool:
+        """Its request is read whole and more bytes wait behind it: the next request, sent before this reply."""
+        done = self.busy and self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
+        return done and (self.conn.buffered() > 0 or self.unread() > 0)
 
     @property
     def unread_since(self) -> float | None:

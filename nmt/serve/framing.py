@@ -76,6 +76,10 @@ class StrictConnection(h11.Connection):
         self.refusal = (400, MALFORMED)
         self.chunks = 0  # chunks of the current request's body so far
 
+    def buffered(self) -> int:
+        """Bytes received and not yet parsed: after a whole request, the start of one sent before its reply."""
+        return len(self._receive_buffer)
+
     def next_event(self) -> Any:
         # the bytes h11 holds unparsed (its receive buffer has no public size); a Request event took its head out
         buffered = len(self._receive_buffer)
