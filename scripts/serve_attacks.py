@@ -20,6 +20,7 @@ Linux: a never-reading connection's end is read from TCP_INFO (the kernel's stat
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import socket
@@ -29,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import suppress
+from urllib.parse import urlencode
 
 STATIC = b"GET /static/serve.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 TCP_ESTABLISHED = 1  # the first byte of struct tcp_info: the socket's state
@@ -57,6 +59,36 @@ def seconds_summary(times: list[float]) -> dict | None:
     return {"min": round(min(times), 1), "median": round(statistics.median(times), 1), "max": round(max(times), 1)}
 
 
+def beside(work: Callable[[], None], stop: threading.Event, during: Callable[[], dict]) -> dict:
+    """`work()` in a thread while `during()` runs; then `stop` is set and the thread joined."""
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    measured = during()
+    stop.set()
+    worker.join()
+    return measured
+
+
+def page_once(port: int, text: str) -> dict:
+    """POST / with `text`, read whole: its status, size, time, cells drawn and maps drawn coarser."""
+    body = urlencode({"text": text, "beam": "1"})
+    began = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", "/", body, {"Content-Type": "application/x-www-form-urlencoded"})
+        reply = conn.getresponse()
+        page = reply.read()
+    finally:
+        conn.close()
+    return {
+        "status": reply.status,
+        "bytes": len(page),
+        "seconds": round(time.perf_counter() - began, 2),
+        "cells": page.count(b'class="cell"'),
+        "notes_drawn_coarser": page.count(b'class="note coarse"'),
+    }
+
+
 def slow_readers(
     port: int, slow: int, never: int, copies: int, rate: float, during: Callable[[], dict]
 ) -> tuple[dict, dict]:
@@ -83,11 +115,7 @@ def slow_readers(
                     cut[sock] = time.monotonic() - opened
             time.sleep(0.1)
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    measured = during()
-    stop.set()
-    watcher.join()
+    measured = beside(watch, stop, during)
     lasted = time.monotonic() - opened
     summary = {}
     for kind, socks in kinds.items():
@@ -259,11 +287,7 @@ def reconnecting(port: int, clients: int, copies: int, during: Callable[[], dict
                 reopened["closed by the server and reopened"] += 1
             time.sleep(0.1)
 
-    keeper = threading.Thread(target=keep, daemon=True)
-    keeper.start()
-    measured = during()
-    stop.set()
-    keeper.join()
+    measured = beside(keep, stop, during)
     for sock in socks:
         sock.close()
     return {"connections": clients, "pipeline": copies, **reopened}, measured

@@ -23,7 +23,7 @@ Whether idle, slow and greedy clients starve nmt-serve, measured from outside as
    repeated; cut to the server's --max-pieces) and never read the page, asking again once it has begun, and
    --chunkers that send a 65,021-byte body in 1-byte chunks again and again; meanwhile the normal client for
    --attack-seconds (issue 69's floor: 99% answered 200 within 1 s; the pages are large with a checkpoint that has
-   self-attention in its encoder);
+   self-attention in its encoder; one such page is first asked for alone and read whole: its size and time);
 7. (reconnect) --reconnecting connections that pipeline --pipeline GET /static/serve.js and never read, each
    replaced at once when the server closes it; meanwhile the normal client for --attack-seconds (issue 69's floor:
    95% answered 200 within 1 s).
@@ -49,7 +49,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_attacks import burst, pages_and_chunks, reconnecting, slow_readers  # noqa: E402  (sibling scripts)
+from serve_attacks import burst, page_once, pages_and_chunks, reconnecting, slow_readers  # noqa: E402  (siblings)
 from serve_latency import call, cpu_name, start  # noqa: E402
 
 KINDS = {
@@ -236,10 +236,11 @@ def main() -> None:
         if "pages" in args.phases:
             words = " ".join(info["examples"]["sentences"]).split()
             page_text = " ".join((words * (args.page_words // max(1, len(words)) + 1))[: args.page_words])
+            alone = page_once(port, page_text)
             attackers, measured = pages_and_chunks(
                 port, args.page_readers, args.chunkers, page_text, lambda: during("pages", args.attack_seconds)
             )
-            report["page_and_chunk_attack"] = {"attackers": attackers, "requests_during": measured}
+            report["page_and_chunk_attack"] = {"page": alone, "attackers": attackers, "requests_during": measured}
             report["requests_after_pages"] = requests(url, text, 3)
         if "reconnect" in args.phases:
             attackers, measured = reconnecting(

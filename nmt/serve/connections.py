@@ -12,7 +12,8 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
   - an idle deadline: a connection that sends nothing is closed after idle_timeout, as uvicorn closes one
     that sends nothing after a reply (timeout_keep_alive, the same value);
   - a send deadline: once a connection's replies fill the server's send buffer (the client reads slower than
-    it asks, or not at all), it has write_timeout to read all that is queued, replies to the requests it
+    it asks, or not at all), or it pipelines while the kernel still holds a reply it has not taken (then its
+    next request waits: on hold), it has write_timeout to read all that is queued, replies to the requests it
     pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
     cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
   - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
@@ -53,9 +54,9 @@ from nmt.serve.app import read_timeout_message
 from nmt.serve.framing import Refusal, StrictConnection
 from nmt.serve.guard import HEADERS
 
-try:  # how many bytes wait unread in the kernel (Linux, macOS); elsewhere the cap does not look
+try:  # how many bytes wait in the kernel, unread or untaken (Linux); elsewhere the cap and the hold do not look
     from fcntl import ioctl
-    from termios import FIONREAD
+    from termios import FIONREAD, TIOCOUTQ
 except ImportError:  # pragma: no cover
     ioctl = None
 
@@ -64,6 +65,7 @@ ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last repl
 # 4 MiB: a client that does not read holds that little memory, and its replies back up into the server's own
 # buffer, where the send deadline sees them, within 256 KiB instead of megabytes (minutes at 15 KB/s)
 KERNEL_SEND_BUFFER = 128 * 1024
+HOLD_POLL = 0.05  # seconds between looks at the kernel's send queue of a pipelining connection on hold
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,19 @@ class GuardedProtocol(H11Protocol):
 
     def unread(self) -> int:
         """Bytes the client sent that wait in the kernel, unread (a request that came with a burst of others)."""
+        return self._kernel_count(FIONREAD) if ioctl is not None else 0
+
+    def untaken(self) -> int:
+        """Bytes of replies the kernel still holds (the client's receive buffer is full: it does not read)."""
+        return self._kernel_count(TIOCOUTQ) if ioctl is not None else 0
+
+    def _kernel_count(self, request: int) -> int:
         sock = self.transport.get_extra_info("socket")
-        if ioctl is None or sock is None:
+        if sock is None:
             return 0
         count = array.array("i", [0])
         try:
-            ioctl(sock.fileno(), FIONREAD, count)
+            ioctl(sock.fileno(), request, count)
         except OSError:
             return 0
         return count[0]
@@ -158,6 +167,18 @@ class GuardedProtocol(H11Protocol):
             self.reading = False
             self._disarm()
 
+    def on_response_complete(self) -> None:
+        """uvicorn's next step after a reply. A connection that pipelines while the kernel still holds a reply it
+        has not taken is put on hold: its next request waits (looked at every HOLD_POLL s) and its send deadline
+        runs, so a client that never reads costs the server a few replies, not the dozens its buffers hold."""
+        pipelined = not self.transport.is_closing() and (self.conn.buffered() or self.unread())
+        if not pipelined or not self.untaken():
+            super().on_response_complete()
+            return
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(self.limits.write_timeout, self._write_deadline_passed)
+        self.loop.call_later(HOLD_POLL, self.on_response_complete)
+
     def send_400_response(self, msg: str) -> None:
         """A request refused before the app (malformed, a head too large, no room) or while its body arrives (too
         many chunks): the JSON refusal, then close; an app waiting for the body hears that the client left."""
@@ -180,7 +201,7 @@ class GuardedProtocol(H11Protocol):
 
     def _write_deadline_passed(self) -> None:
         self.write_deadline = None
-        if self.transport.get_write_buffer_size():  # still behind: its replies are dropped, the app's send returns
+        if self.transport.get_write_buffer_size() or self.untaken():  # still behind: its replies are dropped
             self._cut()
 
     def timeout_keep_alive_handler(self) -> None:
