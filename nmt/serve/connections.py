@@ -65,7 +65,7 @@ ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last repl
 # 4 MiB: a client that does not read holds that little memory, and its replies back up into the server's own
 # buffer, where the send deadline sees them, within 256 KiB instead of megabytes (minutes at 15 KB/s)
 KERNEL_SEND_BUFFER = 128 * 1024
-HOLD_POLL = 0.05  # seconds between looks at the kernel's send queue of a pipelining connection on hold
+HOLD_POLL = (0.05, 1.0)  # seconds between looks at the send queue of a connection on hold: first, doubling to
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ class GuardedProtocol(H11Protocol):
         self.over_cap = False  # opened past max_connections: its request gets 503 unless room is made by then
         self.deadline: asyncio.TimerHandle | None = None  # the read or idle deadline
         self.write_deadline: asyncio.TimerHandle | None = None
+        self.hold_poll = HOLD_POLL[0]  # seconds until the next look at a connection on hold
 
     @property
     def busy(self) -> bool:
@@ -169,15 +170,18 @@ class GuardedProtocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         """uvicorn's next step after a reply. A connection that pipelines while the kernel still holds a reply it
-        has not taken is put on hold: its next request waits (looked at every HOLD_POLL s) and its send deadline
-        runs, so a client that never reads costs the server a few replies, not the dozens its buffers hold."""
+        has not taken is put on hold: its next request waits (looked at after HOLD_POLL[0] s, then twice as long
+        each time up to HOLD_POLL[1]) and its send deadline runs, so a client that never reads costs the server
+        a few replies, not the dozens its buffers hold, and little more while it waits to be cut."""
         pipelined = not self.transport.is_closing() and (self.conn.buffered() or self.unread())
         if not pipelined or not self.untaken():
+            self.hold_poll = HOLD_POLL[0]
             super().on_response_complete()
             return
         if self.write_deadline is None:
             self.write_deadline = self.loop.call_later(self.limits.write_timeout, self._write_deadline_passed)
-        self.loop.call_later(HOLD_POLL, self.on_response_complete)
+        self.loop.call_later(self.hold_poll, self.on_response_complete)
+        self.hold_poll = min(2 * self.hold_poll, HOLD_POLL[1])
 
     def send_400_response(self, msg: str) -> None:
         """A request refused before the app (malformed, a head too large, no room) or while its body arrives (too
@@ -201,7 +205,8 @@ class GuardedProtocol(H11Protocol):
 
     def _write_deadline_passed(self) -> None:
         self.write_deadline = None
-        if self.transport.get_write_buffer_size() or self.untaken():  # still behind: its replies are dropped
+        # still behind (replies queued, untaken, or requests pipelined meanwhile): its replies are dropped
+        if self.transport.get_write_buffer_size() or self.untaken() or self.conn.buffered() or self.unread():
             self._cut()
 
     def timeout_keep_alive_handler(self) -> None:
