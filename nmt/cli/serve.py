@@ -43,7 +43,8 @@ limits:
   its first byte (else 408, and the connection is closed); a connection that sends nothing for
   --idle-timeout seconds is closed; a client whose replies fill the server's send buffer has
   --write-timeout seconds to read them all (else the connection is cut); past --max-connections open
-  connections the longest-idle one is closed (if none is idle, the newcomer's request gets 503); at most
+  connections the longest-idle one is closed, else the one leaving its replies unread longest, else one that
+  pipelines (if there is none, the newcomer's request gets 503); a chunked body may come in 256 chunks; at most
   --max-active requests are in progress at once (more get 503), from their arrival until their reply is
   ready. Idle connections and slow readers never count against --max-active.
 
