@@ -1,30 +1,42 @@
 """python scripts/serve_flood.py CKPT [CKPT ...] [--idle 1000] [--half 200] [--slow 100] [--requests 20]
-       [--slow-readers 66] [--never-read 66] [--attack-seconds 30] [--burst 300] [--out FILE]
+       [--slow-readers 66] [--never-read 66] [--attack-seconds 30] [--burst 300] [--page-readers 6]
+       [--chunkers 4] [--reconnecting 300] [--phases held,readers,burst,pages,reconnect] [--out FILE]
 
 Whether idle, slow and greedy clients starve nmt-serve, measured from outside as an attacker and a user see it:
 
-    python scripts/serve_flood.py none/checkpoints/best.pt luong/checkpoints/best.pt --out docs/serve_flood.json
+    python scripts/serve_flood.py luong/checkpoints/best.pt selfattn/checkpoints/best.pt --out docs/serve_flood.json
 
 1. starts `nmt-serve CKPT ... --port 0` (extra arguments after `--` go to it, e.g. -- --max-connections 64);
 2. baseline: --requests POST /translate of the first example sentence, greedy, one after another;
-3. opens --idle connections that send nothing, --half that send half a request's headers and --slow that send
-   whole headers and one byte of a 100-byte body, all at once and all held open;
-4. meanwhile the same --requests requests again, each on a new connection: their status and wall time;
-5. waits until the server has closed every held connection: when (seconds after it opened) and what it said;
-6. slow readers (scripts/serve_attacks.py): --slow-readers connections that pipeline --pipeline GET
+3. (held) opens --idle connections that send nothing, --half that send half a request's headers and --slow that
+   send whole headers and one byte of a 100-byte body, all at once and all held open; meanwhile the same
+   --requests requests again, each on a new connection: their status and wall time; then waits until the server
+   has closed every held connection: when (seconds after it opened) and what it said;
+4. (readers) slow readers (scripts/serve_attacks.py): --slow-readers connections that pipeline --pipeline GET
    /static/serve.js and read --read-rate bytes a second each, and --never-read that pipeline the same and never
    read; meanwhile, for --attack-seconds, a normal client sends POST /translate one after another: how many
    were answered 200 within 1 s (issue 51's floor: 99%), and which attackers the server cut, when;
-7. a burst: --burst clients at once (past nmt-serve's --max-connections, 256 by default), each sending
+5. (burst) --burst clients at once (past nmt-serve's --max-connections, 256 by default), each sending
    --burst-requests POST /translate one after another on new connections: what came back (200, 503 in JSON,
-   or a reset); then 3 more requests, to see the server still answers.
-It prints a table and writes JSON with --out; the server's resident memory is read from /proc (Linux).
+   or a reset); then 3 more requests, to see the server still answers;
+6. (pages) --page-readers clients that POST the page's form with --page-words words (the example sentences
+   repeated; cut to the server's --max-pieces) and never read the page, asking again once it has begun, and
+   --chunkers that send a 65,021-byte body in 1-byte chunks again and again; meanwhile the normal client for
+   --attack-seconds (issue 69's floor: 99% answered 200 within 1 s; the pages are large with a checkpoint that has
+   self-attention in its encoder; one such page is first asked for alone and read whole: its size and time);
+7. (reconnect) --reconnecting connections that pipeline --pipeline GET /static/serve.js and never read, each
+   replaced at once when the server closes it; meanwhile the normal client for --attack-seconds (issue 69's floor:
+   95% answered 200 within 1 s).
+The normal client runs in a process of its own while attackers run (their threads share this one's lock).
+--phases picks which of 3-7 run (all by default). It prints a table and writes JSON with --out; the server's
+resident memory is read from /proc (Linux).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import resource
@@ -35,11 +47,12 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_attacks import burst, slow_readers  # noqa: E402  (sibling scripts)
+from serve_attacks import burst, page_once, pages_and_chunks, reconnecting, slow_readers  # noqa: E402  (siblings)
 from serve_latency import call, cpu_name, start  # noqa: E402
 
 KINDS = {
@@ -77,6 +90,12 @@ def requests(url: str, text: str, n: int, seconds: float | None = None) -> dict:
         "median_ms": round(statistics.median(walls) * 1000, 1),
         "max_ms": round(max(walls) * 1000, 1),
     }
+
+
+def requests_apart(url: str, text: str, n: int, seconds: float | None = None) -> dict:
+    """requests() in a process of its own: the attackers' threads here would otherwise slow the normal client."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(requests, url, text, n, seconds).result()
 
 
 def hold(port: int, counts: dict[str, int], limit: float, during) -> tuple[dict, object]:
@@ -131,11 +150,12 @@ def hold(port: int, counts: dict[str, int], limit: float, during) -> tuple[dict,
     return summary, result.get("during")
 
 
-def main() -> None:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[3], epilog="see the module docstring")
+PHASES = ("held", "readers", "burst", "pages", "reconnect")
+FLOORS = {"slow_reader_attack": 0.99, "page_and_chunk_attack": 0.99, "reconnecting_never_readers": 0.95}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[4], epilog="see the module docstring")
     p.add_argument("checkpoints", nargs="+")
     p.add_argument("--idle", type=int, default=1000)
     p.add_argument("--half", type=int, default=200)
@@ -149,85 +169,141 @@ def main() -> None:
     p.add_argument("--attack-seconds", type=float, default=30.0, help="how long the normal client asks meanwhile")
     p.add_argument("--burst", type=int, default=300, help="clients at once")
     p.add_argument("--burst-requests", type=int, default=3, help="requests each, one after another")
+    p.add_argument("--page-readers", type=int, default=6, help="clients asking for pages they never read")
+    p.add_argument("--page-words", type=int, default=150, help="words of their text")
+    p.add_argument("--chunkers", type=int, default=4, help="clients sending bodies in 1-byte chunks")
+    p.add_argument("--reconnecting", type=int, default=300, help="never-reading pipeliners, replaced when closed")
+    p.add_argument("--phases", default=",".join(PHASES), help=f"which to run, of {','.join(PHASES)}")
     p.add_argument("--out", help="write the figures as JSON here")
     args = p.parse_args(argv)
+    args.phases = args.phases.split(",")
+    unknown = set(args.phases) - set(PHASES)
+    if unknown:
+        p.error(f"--phases: unknown {', '.join(sorted(unknown))}; pick from {','.join(PHASES)}")
+    return args
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max(args.idle + args.half + args.slow, args.slow_readers + args.never_read, args.burst) + 64
+    want = max(args.idle + args.half + args.slow, args.slow_readers + args.never_read, args.burst)
+    want = max(want, args.reconnecting * 2, args.page_readers * 100) + 64
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
     load = round(os.getloadavg()[0], 2)
     proc, url, _ = start(args.checkpoints, extra)
     port = urlsplit(url).port
-    try:
-        text = json.loads(call(url + "api/models")[1])["examples"]["sentences"][0]
-        requests(url, text, 3)  # warm-up
-        baseline = requests(url, text, args.requests)
-        rss = {"before": rss_mib(proc.pid)}
-
-        def during(when: str, seconds: float | None = None) -> dict:
-            measured = requests(url, text, args.requests, seconds)
-            rss[when] = rss_mib(proc.pid)
-            return measured
-
-        counts = {"idle": args.idle, "half": args.half, "slow": args.slow}
-        held, attacked = hold(port, counts, args.wait, lambda: during("held connections"))
-        after = requests(url, text, args.requests)
-        readers, read_attack = slow_readers(
-            port,
-            args.slow_readers,
-            args.never_read,
-            args.pipeline,
-            args.read_rate,
-            lambda: during("slow readers", args.attack_seconds),
-        )
-        body = json.dumps({"text": text, "beam": 1}).encode()
-        request = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-        request += b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        bursted = burst(port, args.burst, args.burst_requests, request)
-        alive = requests(url, text, 3)
-    finally:
-        proc.terminate()
-        proc.wait()
-    report = {
+    report: dict = {
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_1min_before": load,
         "cpu": cpu_name(),
         "checkpoints": args.checkpoints,
         "server_args": extra,
-        "text": text,
-        "requests_before": baseline,
-        "requests_during": attacked,
-        "requests_after": after,
-        "held_connections": held,
-        "slow_reader_attack": {
-            "pipeline": args.pipeline,
-            "read_rate_bytes_per_s": args.read_rate,
-            "attackers": readers,
-            "requests_during": read_attack,
-        },
-        "burst": bursted,
-        "requests_after_the_burst": alive,
-        "server_rss_mib": rss,
     }
-    print(f"CPU: {report['cpu']}; load average {load} before the run; nmt-serve {' '.join(extra) or '(defaults)'}")
-    for when, r in (("before", baseline), ("during", attacked), ("after", after), ("slow readers", read_attack)):
-        print(
-            f"POST /translate {when:12}: {r['statuses']}, {r['answered_200_within_1s']} of {r['requests']} "
-            f"answered 200 within 1 s, median {r['median_ms']} ms, max {r['max_ms']} ms"
-        )
-    for kind, h in held.items():
+    try:
+        info = json.loads(call(url + "api/models")[1])
+        report["self_attention"] = [m["label"] for m in info["models"] if m["has_self_attention"]]
+        text = report["text"] = info["examples"]["sentences"][0]
+        requests(url, text, 3)  # warm-up
+        report["requests_before"] = requests(url, text, args.requests)
+        rss = report["server_rss_mib"] = {"before": rss_mib(proc.pid)}
+
+        def during(when: str, seconds: float | None = None) -> dict:
+            measured = requests_apart(url, text, args.requests, seconds)
+            rss[when] = rss_mib(proc.pid)
+            return measured
+
+        if "held" in args.phases:
+            counts = {"idle": args.idle, "half": args.half, "slow": args.slow}
+            report["held_connections"], report["requests_during"] = hold(
+                port, counts, args.wait, lambda: during("held connections")
+            )
+            report["requests_after"] = requests(url, text, args.requests)
+        if "readers" in args.phases:
+            readers, read_attack = slow_readers(
+                port,
+                args.slow_readers,
+                args.never_read,
+                args.pipeline,
+                args.read_rate,
+                lambda: during("slow readers", args.attack_seconds),
+            )
+            report["slow_reader_attack"] = {
+                "pipeline": args.pipeline,
+                "read_rate_bytes_per_s": args.read_rate,
+                "attackers": readers,
+                "requests_during": read_attack,
+            }
+        if "burst" in args.phases:
+            body = json.dumps({"text": text, "beam": 1}).encode()
+            request = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            request += b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            report["burst"] = burst(port, args.burst, args.burst_requests, request)
+            report["requests_after_the_burst"] = requests(url, text, 3)
+        if "pages" in args.phases:
+            words = " ".join(info["examples"]["sentences"]).split()
+            page_text = " ".join((words * (args.page_words // max(1, len(words)) + 1))[: args.page_words])
+            alone = page_once(port, page_text)
+            attackers, measured = pages_and_chunks(
+                port, args.page_readers, args.chunkers, page_text, lambda: during("pages", args.attack_seconds)
+            )
+            report["page_and_chunk_attack"] = {"page": alone, "attackers": attackers, "requests_during": measured}
+            report["requests_after_pages"] = requests(url, text, 3)
+        if "reconnect" in args.phases:
+            attackers, measured = reconnecting(
+                port, args.reconnecting, args.pipeline, lambda: during("reconnecting", args.attack_seconds)
+            )
+            report["reconnecting_never_readers"] = {"attackers": attackers, "requests_during": measured}
+            report["requests_after_reconnecting"] = requests(url, text, 3)
+    finally:
+        proc.terminate()
+        proc.wait()
+    for key, floor in FLOORS.items():
+        if key in report:
+            r = report[key]["requests_during"]
+            r["floor"] = f"{floor:.0%} answered 200 within 1 s"
+            r["floor_met"] = r["answered_200_within_1s"] >= floor * r["requests"]
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report, extra)
+
+
+def print_report(report: dict, extra: list[str]) -> None:
+    print(
+        f"CPU: {report['cpu']}; load average {report['load_average_1min_before']} before the run; "
+        f"nmt-serve {' '.join(extra) or '(defaults)'}"
+    )
+    measured = [("before", report["requests_before"])]
+    measured += [(when, report.get(key)) for when, key in (("during", "requests_during"), ("after", "requests_after"))]
+    for when, key in (("slow readers", "slow_reader_attack"), ("pages", "page_and_chunk_attack")):
+        measured.append((when, report.get(key, {}).get("requests_during")))
+    measured.append(("reconnecting", report.get("reconnecting_never_readers", {}).get("requests_during")))
+    for when, r in measured:
+        if r:
+            print(
+                f"POST /translate {when:12}: {r['statuses']}, {r['answered_200_within_1s']} of {r['requests']} "
+                f"answered 200 within 1 s, median {r['median_ms']} ms, max {r['max_ms']} ms"
+                + (f" (floor {r['floor']}: {'met' if r['floor_met'] else 'NOT met'})" if "floor" in r else "")
+            )
+    for kind, h in report.get("held_connections", {}).items():
         print(
             f"{h['connections']:5} {kind:4} connections: {h['closed']} closed by the server, after (s) "
             f"{h['closed_after_s']}; {h['replies']}"
         )
-    for kind, a in readers.items():
+    for kind, a in report.get("slow_reader_attack", {}).get("attackers", {}).items():
         cut = a["cut_by_the_server"]
         print(f"{a['connections']:5} {kind} readers: {cut} cut by the server, after (s) {a['cut_after_s']}")
-    print(f"burst of {args.burst} clients x {args.burst_requests} requests: {bursted['outcomes']}")
-    print(f"after the burst: {alive['statuses']}")
-    print(f"server memory (RSS, MiB): {rss}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if "burst" in report:
+        b = report["burst"]
+        print(f"burst of {b['clients']} clients x {b['requests_each']} requests: {b['outcomes']}")
+        print(f"after the burst: {report['requests_after_the_burst']['statuses']}")
+    if "page_and_chunk_attack" in report:
+        print(f"page readers and chunkers: {report['page_and_chunk_attack']['attackers']}")
+    if "reconnecting_never_readers" in report:
+        print(f"reconnecting never-readers: {report['reconnecting_never_readers']['attackers']}")
+    print(f"server memory (RSS, MiB): {report['server_rss_mib']}")
 
 
 if __name__ == "__main__":

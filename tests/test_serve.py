@@ -503,6 +503,37 @@ def test_start_up_errors_are_one_line(ckpts, tmp_path):
     assert all(f"--{option}" in helped.stdout for option in options)
 
 
+def test_two_servers_started_at_once_on_one_port_one_says_so_in_a_line(ckpts):
+    """Issue 69, 5: two nmt-serve on one port, the second started within 2 s of the first, both bound it (Linux lets
+    two sockets with SO_REUSEADDR bind one port while neither listens); the second learnt of it at listen(), after
+    loading its models, and died with a traceback."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    cmd = [str(BIN / "nmt-serve"), str(ckpts[0]), "--port", port, "--threads", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV) for _ in "ab"]
+    try:
+        deadline = time.monotonic() + 60
+        while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failed = [p for p in procs if p.poll() is not None]
+        assert len(failed) == 1, "neither failed"
+        out, err = failed[0].communicate(timeout=10)
+        assert failed[0].returncode == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"nmt-serve: error: 127.0.0.1:{port} is already in use") and "--port 0" in err
+        assert "parameters" not in out  # answered before loading any model
+        serving = next(p for p in procs if p is not failed[0])
+        line = serving.stdout.readline()
+        while line and "serving" not in line:
+            line = serving.stdout.readline()
+        assert f"on http://127.0.0.1:{port}/" in line
+        assert httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=10).status_code == 200
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=15)
+
+
 @contextmanager
 def chromium_page() -> Iterator:
     """A page of headless Debian Chromium (driven by Playwright) in a fresh profile, 1300 x 900."""
@@ -778,7 +809,7 @@ def test_slow_readers_hold_no_place_and_are_cut_at_the_send_deadline(loaded):
 
         def backed_up(n: int) -> float:  # seconds until n connections have replies waiting (the kernel's are full)
             began = time.monotonic()
-            while sum(c.flow.write_paused for c in list(server.server_state.connections)) < n:
+            while sum(c.unread_since is not None for c in list(server.server_state.connections)) < n:
                 if time.monotonic() - began > 30:  # (before issue 51: seconds, with 4 MiB in the kernel first)
                     break
                 time.sleep(0.02)
@@ -923,3 +954,97 @@ def test_every_refusal_is_json_with_the_security_headers(loaded, monkeypatch, ca
             time.sleep(0.1)
             raw_refusal(port, b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 503, "too many connections")
             assert [s.result().status_code for s in slow] == [200, 200]
+
+
+def test_a_long_page_is_drawn_off_the_event_loop_within_its_bound_and_streamed(loaded, monkeypatch):
+    """Issue 69, 2: a self-attention checkpoint's page (34 MB at 100 pieces, 2 layers x 8 heads) was drawn whole on
+    the event loop: every other request waited seconds meanwhile, and clients that never read it held it all."""
+    import nmt.serve.heatmap as heatmap
+
+    drawing, geometry = threading.Event(), heatmap._geometry
+
+    def slow_geometry(*args):  # each map takes 0.25 s more to draw (a sleep: it holds no lock)
+        drawing.set()
+        time.sleep(0.25)
+        return geometry(*args)
+
+    monkeypatch.setattr(heatmap, "_geometry", slow_geometry)
+    long = dataclasses.replace(LIMITS, max_chars=1000, max_pieces=100)
+    text = " ".join(SENTENCE.split() * 30)  # 150 words: cut to 100 pieces
+    with real_server(loaded, long) as (url, port, server), ThreadPoolExecutor(1) as pool:
+        page = pool.submit(httpx.post, url, data={"text": text, "beam": "1"}, timeout=60)
+        assert drawing.wait(60)
+        for _ in range(3):  # while the page's six maps are drawn (1.5 s), other requests are answered at once
+            asked = time.monotonic()
+            assert httpx.get(url + "api/models", timeout=10).status_code == 200
+            assert time.monotonic() - asked < 0.5
+        r = page.result()
+        monkeypatch.undo()
+        api = httpx.post(url + "translate", json={"text": text, "beam": 1}, timeout=60).json()["results"]
+    from nmt.serve.bounds import MAP_CELLS, SELF_ATTENTION_CELLS
+
+    assert r.status_code == 200 and r.headers["transfer-encoding"] == "chunked"  # sent as it is drawn
+    assert r.text.endswith("</html>\n") and len(r.content) < 4_000_000
+    card = model_cards(r.text)[2]
+    S = len(api[2]["src_pieces"])
+    assert S == 100 and api[2]["note"]  # cut to 100 pieces: 4 maps of 10,000 cells in full
+    maps = card[card.index('<section class="self-attention"') :].split('<figure class="sa-map"')[1:]
+    assert len(maps) == 4 and "drawn coarser to keep the page small" in card and "POST /translate gives" in card
+    g = int(re.search(r'data-group="(\d+)"', maps[0]).group(1))
+    n = -(-S // g)
+    assert g > 1 and 4 * n * n <= SELF_ATTENTION_CELLS < 4 * (-(-S // (g - 1))) ** 2  # the finest that fits
+    full = api[2]["self_attention"]["weights"][0][0]  # layer 1, head 1: each cell is its block's mean row sum
+    cells = re.findall(r'class="cell" data-t="(\d+)" data-s="(\d+)" data-w="([^"]+)"', maps[0])
+    assert len(cells) == n * n
+    for t, s, w in cells:
+        rows = full[int(t) * g : int(t) * g + g]
+        assert abs(float(w) - sum(sum(row[int(s) * g : int(s) * g + g]) for row in rows) / len(rows)) < 1e-3
+    cross = re.findall(r'class="cell" data-t', card.split('<section class="self-attention"')[0])
+    assert 0 < len(cross) <= MAP_CELLS
+
+
+def test_a_body_in_tiny_chunks_is_refused_before_it_costs_more_than_one_with_content_length(loaded):
+    """Issue 69, 3: a body in 1-byte chunks cost the event loop some 180 times the same body with Content-Length
+    (h11 parses each chunk in Python), and 4 such clients held every other request up by seconds."""
+    head = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    body = json.dumps({"text": SENTENCE}).encode()[:-1] + b" " * 8000 + b"}"  # under LIMITS.max_body
+
+    def chunked(size: int) -> bytes:
+        pieces = [body[i : i + size] for i in range(0, len(body), size)]
+        return head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+    with real_server(loaded, read_timeout=1.5, idle_timeout=10) as (url, port, server):
+        assert raw_refusal(port, chunked(1), 400, "the chunked body came in more than 256 chunks") < 1
+        with open_sending(port, chunked(len(body) // 200 + 1)) as sock:  # 200 chunks: served
+            status, _, text = parse_reply(until_closed([sock], 10)[sock][1])
+        assert status == 200 and json.loads(text)["text"].startswith(SENTENCE)
+        # the read deadline holds for a chunked body as for one with Content-Length: 408 from the first byte
+        assert 1.3 < raw_refusal(port, head + b'5\r\n{"tex\r\n', 408, "longer than 1.5 s") < 3
+
+
+def test_at_the_cap_the_connection_leaving_its_replies_unread_longest_is_cut(loaded):
+    """Issue 69, 4: connections that pipeline requests and never read were not idle, so at max_connections a
+    newcomer got 503 until their send deadline; 300 that reconnect held the cap (every local client shares
+    127.0.0.1, so a bound by address would not help)."""
+    cap = 5
+    limits = {"max_connections": cap, "write_timeout": 30, "idle_timeout": 30, "read_timeout": 30}
+    with real_server(loaded, **limits) as (url, port, server):
+
+        def stalled() -> int:  # connections whose send deadline runs: replies backed up, unread
+            return sum(c.unread_since is not None for c in list(server.server_state.connections))
+
+        never = []
+        for i in range(cap):  # one after another: each one's replies back up before the next opens
+            never.append(pipelining(port, STATIC, 2000))
+            began = time.monotonic()
+            while stalled() <= i and time.monotonic() - began < 10:
+                time.sleep(0.02)
+        assert stalled() == cap
+        asked = time.monotonic()
+        r = httpx.get(url + "api/models", timeout=10)
+        assert r.status_code == 200 and time.monotonic() - asked < 2, r.text
+        until_closed(never[:1], 5)  # the first, unread longest, was cut to make room
+        state = [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] for s in never[1:]]
+        assert state == [1] * (cap - 1)  # TCP_ESTABLISHED: the others are left to their send deadline
+    for s in never:
+        s.close()

@@ -43,7 +43,8 @@ limits:
   its first byte (else 408, and the connection is closed); a connection that sends nothing for
   --idle-timeout seconds is closed; a client whose replies fill the server's send buffer has
   --write-timeout seconds to read them all (else the connection is cut); past --max-connections open
-  connections the longest-idle one is closed (if none is idle, the newcomer's request gets 503); at most
+  connections the longest-idle one is closed, else the one leaving its replies unread longest, else one that
+  pipelines (if there is none, the newcomer's request gets 503); a chunked body may come in 256 chunks; at most
   --max-active requests are in progress at once (more get 503), from their arrival until their reply is
   ready. Idle connections and slow readers never count against --max-active.
 
@@ -190,7 +191,10 @@ def enough_files(connections: int) -> int:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (not yet listening); ConfigError with the fix if that is impossible."""
+    """A socket bound to host:port and listening; ConfigError with the fix if that is impossible. It listens at
+    once, before any model loads: Linux lets two sockets with SO_REUSEADDR bind one port while neither listens,
+    so a second nmt-serve started moments after the first would otherwise learn of the clash only at listen(),
+    after loading its models. Connections made while the models load wait in the backlog."""
     from nmt.errors import ConfigError
 
     try:
@@ -205,6 +209,7 @@ def bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
+        sock.listen(1024)
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
@@ -262,7 +267,6 @@ def serve(args: argparse.Namespace) -> None:
         max_connections=max_connections,
     )
     server = make_server(app, connections)
-    sock.listen(1024)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if not loopback:

@@ -2,8 +2,11 @@
 
     models.py       loading the checkpoints and translating one text with all of them; no HTTP here
     app.py          the ASGI application (Starlette): the page, the JSON API and the static files
+    lanes.py        each checkpoint's translations, one at a time in its own thread, the earliest deadline first
     connections.py  the HTTP connection layer (uvicorn's h11 protocol): read deadlines and a connection cap
+    render.py       pages drawn in a worker thread and streamed, JSON replies encoded off the event loop
     page.py         the page as HTML: per checkpoint its translation, attention and any self-attention maps
+    bounds.py       the page's size bound: a map past its share of cells is drawn coarser
     heatmap.py      the attention heatmaps as SVG, drawn on the server (cross-attention and self-attention)
     examples.py     the page's example sentences, from the test split of the checkpoint's corpus where that is cheap
     static/         the page's stylesheet, script and icon (shipped in the package)

@@ -21,8 +21,10 @@ serving. Guard (nmt/serve/guard.py), the outermost layer, gives every response H
 check, the cap on requests in progress (Limits.max_active), refusals and bugs; refusals made before a request
 reaches the app (a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in
 the same JSON.
-The model calls run in the threadpool, one per checkpoint, side by side; each checkpoint's lock keeps it to
-one request at a time, so concurrent requests never mix.
+The model calls run in one thread per checkpoint (nmt/serve/lanes.py: the earliest deadline first, so a short
+request overtakes long ones), side by side; each checkpoint's lock keeps it to one request at a time, so
+concurrent requests never mix. The page is drawn, and replies of POST /translate are
+encoded, off the event loop, the page within a size bound and sent as it is drawn (nmt/serve/render.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import parse_qs
 
@@ -39,13 +40,15 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from nmt.serve.examples import Examples
 from nmt.serve.guard import CLOSING, HEADERS, Guard, refusal, report_bug
+from nmt.serve.lanes import Lane
 from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
 from nmt.serve.page import render_page
+from nmt.serve.render import Renderer
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".svg": "image/svg+xml"}
@@ -70,8 +73,9 @@ class Server:
     def __init__(self, models: list[ServedModel], examples: Examples, limits: Limits):
         self.models, self.examples, self.limits = models, examples, limits
         self.pending = 0
-        # one worker thread per model: its requests queue there instead of holding threads on its lock
-        self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"nmt-model{m.index}") for m in models]
+        self.renderer = Renderer()  # pages and JSON replies, off the event loop (nmt/serve/render.py)
+        # one worker thread per model, the earliest deadline first (nmt/serve/lanes.py): short requests overtake
+        self.lanes = [Lane(f"nmt-model{m.index}") for m in models]
 
     async def translate(self, text: str, beam: object) -> dict:
         """Every model's translation, each in a worker thread; RequestError if busy or over the time limit."""
@@ -80,10 +84,9 @@ class Server:
         if self.pending >= self.limits.max_pending:
             raise RequestError(f"busy: {self.pending} requests are being translated; try again in a moment", 503)
         self.pending += 1
-        loop = asyncio.get_running_loop()
         calls = [
-            loop.run_in_executor(worker, m.translate, text, beam, self.limits.max_pieces)
-            for m, worker in zip(self.models, self.workers, strict=True)
+            asyncio.wrap_future(lane.submit(len(text) * beam, m.translate, text, beam, self.limits.max_pieces))
+            for m, lane in zip(self.models, self.lanes, strict=True)
         ]
         job = asyncio.gather(*calls, return_exceptions=True)  # done when every call is
         job.add_done_callback(self._finished)
@@ -220,7 +223,7 @@ def create_app(
 
     async def api_translate(request: Request) -> Response:
         text, beam = parse_translate_body(await read_body(request, lim.max_body, lim.read_timeout), lim)
-        return JSONResponse(await server.translate(text, beam), headers=HEADERS)
+        return await server.renderer.json(await server.translate(text, beam), HEADERS)
 
     async def api_models(request: Request) -> Response:
         return JSONResponse(
@@ -253,9 +256,9 @@ def create_app(
             error, status = str(e), e.status
         except Exception as e:
             error, status = report_bug(e, f"{request.method} /"), 500
-        html = render_page(server.models, server.examples, server.limits, form, result, error)
+        parts = render_page(server.models, server.examples, server.limits, form, result, error)  # drawn lazily
         headers = {**HEADERS, "Connection": "close"} if status in CLOSING else HEADERS
-        return HTMLResponse(html, status, headers=headers)
+        return await server.renderer.page(parts, status, headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -12,13 +12,18 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
   - an idle deadline: a connection that sends nothing is closed after idle_timeout, as uvicorn closes one
     that sends nothing after a reply (timeout_keep_alive, the same value);
   - a send deadline: once a connection's replies fill the server's send buffer (the client reads slower than
-    it asks, or not at all), it has write_timeout to read all that is queued, replies to the requests it
+    it asks, or not at all), or it pipelines while the kernel still holds a reply it has not taken (then its
+    next request waits: on hold), it has write_timeout to read all that is queued, replies to the requests it
     pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
     cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
   - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
-    request in progress, none waiting unread in the kernel) are closed to make room; if there are too few,
-    the newcomer is answered 503 once its request has arrived, never closed before it is read;
-  - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a request
+    request in progress, none waiting unread in the kernel) are closed to make room, then the ones that have
+    left their replies unread for longest: those whose send deadline runs, longest first, then those that
+    pipeline (a next request sent before the reply to the one in progress, as no browser does), oldest first
+    (every local client shares 127.0.0.1, so a bound by address would not help); if there are too few, the
+    newcomer is answered 503 once its request has arrived, never closed before it is read;
+  - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a chunked
+    body in more than max_chunks chunks 400 (both close the connection), a request
     with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
     target is served as its path;
   - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
@@ -49,9 +54,9 @@ from nmt.serve.app import read_timeout_message
 from nmt.serve.framing import Refusal, StrictConnection
 from nmt.serve.guard import HEADERS
 
-try:  # how many bytes wait unread in the kernel (Linux, macOS); elsewhere the cap does not look
+try:  # how many bytes wait in the kernel, unread or untaken (Linux); elsewhere the cap and the hold do not look
     from fcntl import ioctl
-    from termios import FIONREAD
+    from termios import FIONREAD, TIOCOUTQ
 except ImportError:  # pragma: no cover
     ioctl = None
 
@@ -60,6 +65,7 @@ ABORT_AFTER = 1.0  # seconds a closed connection may take to flush its last repl
 # 4 MiB: a client that does not read holds that little memory, and its replies back up into the server's own
 # buffer, where the send deadline sees them, within 256 KiB instead of megabytes (minutes at 15 KB/s)
 KERNEL_SEND_BUFFER = 128 * 1024
+HOLD_POLL = (0.05, 1.0)  # seconds between looks at the send queue of a connection on hold: first, doubling to
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,9 @@ class ConnectionLimits:
     read_timeout: float = 10.0  # seconds from a request's first byte to its last (headers and body); then 408
     idle_timeout: float = 5.0  # seconds a connection may send nothing: after it opens, and between requests
     write_timeout: float = 10.0  # seconds to read a backlog of replies, from when it fills the send buffer; then cut
-    max_connections: int = 256  # open connections; past it the longest-idle one is closed
+    max_connections: int = 256  # open connections; past it the longest-idle (or longest unread) one is closed
     max_header_bytes: int = 16384  # a request line and headers over this: 431
+    max_chunks: int = 256  # chunks of a chunked body (so they average 256 bytes at the 64 KiB limit); more: 400
 
 
 def raw_refusal(status: int, message: str) -> bytes:
@@ -93,12 +100,13 @@ class GuardedProtocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.conn = StrictConnection(self.limits.max_header_bytes, self._seen)
+        self.conn = StrictConnection(self.limits.max_header_bytes, self.limits.max_chunks, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
         self.over_cap = False  # opened past max_connections: its request gets 503 unless room is made by then
         self.deadline: asyncio.TimerHandle | None = None  # the read or idle deadline
         self.write_deadline: asyncio.TimerHandle | None = None
+        self.hold_poll = HOLD_POLL[0]  # seconds until the next look at a connection on hold
 
     @property
     def busy(self) -> bool:
@@ -108,12 +116,19 @@ class GuardedProtocol(H11Protocol):
 
     def unread(self) -> int:
         """Bytes the client sent that wait in the kernel, unread (a request that came with a burst of others)."""
+        return self._kernel_count(FIONREAD) if ioctl is not None else 0
+
+    def untaken(self) -> int:
+        """Bytes of replies the kernel still holds (the client's receive buffer is full: it does not read)."""
+        return self._kernel_count(TIOCOUTQ) if ioctl is not None else 0
+
+    def _kernel_count(self, request: int) -> int:
         sock = self.transport.get_extra_info("socket")
-        if ioctl is None or sock is None:
+        if sock is None:
             return 0
         count = array.array("i", [0])
         try:
-            ioctl(sock.fileno(), FIONREAD, count)
+            ioctl(sock.fileno(), request, count)
         except OSError:
             return 0
         return count[0]
@@ -144,7 +159,8 @@ class GuardedProtocol(H11Protocol):
             if not self._make_room():
                 open_ = sum(not c.transport.is_closing() for c in self.connections)
                 raise Refusal(
-                    f"too many connections: {open_} are open and none is idle; try again in a moment",
+                    f"too many connections: {open_} are open, none idle or leaving its replies unread; try again "
+                    "in a moment",
                     error_status_hint=503,
                 )
             self.over_cap = False
@@ -152,8 +168,28 @@ class GuardedProtocol(H11Protocol):
             self.reading = False
             self._disarm()
 
+    def on_response_complete(self) -> None:
+        """uvicorn's next step after a reply. A connection that pipelines while the kernel still holds a reply it
+        has not taken is put on hold: its next request waits (looked at after HOLD_POLL[0] s, then twice as long
+        each time up to HOLD_POLL[1]) and its send deadline runs, so a client that never reads costs the server
+        a few replies, not the dozens its buffers hold, and little more while it waits to be cut."""
+        pipelined = not self.transport.is_closing() and (self.conn.buffered() or self.unread())
+        if not pipelined or not self.untaken():
+            self.hold_poll = HOLD_POLL[0]
+            super().on_response_complete()
+            return
+        if self.write_deadline is None:
+            self.write_deadline = self.loop.call_later(self.limits.write_timeout, self._write_deadline_passed)
+        self.loop.call_later(self.hold_poll, self.on_response_complete)
+        self.hold_poll = min(2 * self.hold_poll, HOLD_POLL[1])
+
     def send_400_response(self, msg: str) -> None:
-        """A request refused before the app (malformed, a head too large, no room): the JSON refusal, then close."""
+        """A request refused before the app (malformed, a head too large, no room) or while its body arrives (too
+        many chunks): the JSON refusal, then close; an app waiting for the body hears that the client left."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
         self._refuse(*self.conn.refusal)
 
     def pause_writing(self) -> None:  # the send buffer is full: the client has write_timeout to read it all
@@ -169,7 +205,8 @@ class GuardedProtocol(H11Protocol):
 
     def _write_deadline_passed(self) -> None:
         self.write_deadline = None
-        if self.transport.get_write_buffer_size():  # still behind: its replies are dropped, the app's send returns
+        # still behind (replies queued, untaken, or requests pipelined meanwhile): its replies are dropped
+        if self.transport.get_write_buffer_size() or self.untaken() or self.conn.buffered() or self.unread():
             self._cut()
 
     def timeout_keep_alive_handler(self) -> None:
@@ -209,17 +246,37 @@ class GuardedProtocol(H11Protocol):
             self._refuse(408, read_timeout_message(self.limits.read_timeout))
 
     def _make_room(self) -> bool:
-        """Past max_connections, close the longest-idle connections with nothing to read; whether there is room.
-        A connection whose request still waits unread in the kernel is not idle: it came in the same burst."""
+        """Past max_connections, close the longest-idle connections with nothing to read, then cut those that have
+        left their replies unread for longest (their send deadline is running), then those that pipeline; whether
+        there is room now. A connection whose request still waits unread in the kernel is not idle (it came in the same
+        burst), and one whose client waits for the reply to its request in progress, nothing sent after, is kept."""
         others = [c for c in self.connections if c is not self and not c.transport.is_closing()]
         excess = len(others) + 1 - self.limits.max_connections
         if excess <= 0:
             return True
-        waiting = sorted((c for c in others if isinstance(c, GuardedProtocol) and not c.busy), key=lambda c: c.since)
+        guarded = [c for c in others if isinstance(c, GuardedProtocol)]
+        waiting = sorted((c for c in guarded if not c.busy), key=lambda c: c.since)
         idle = list(islice((c for c in waiting if not c.unread()), excess))
         for c in idle:
             c._close()
-        return len(idle) == excess
+        rest = [c for c in guarded if c not in idle]
+        unread = sorted((c for c in rest if c.unread_since is not None), key=lambda c: c.unread_since)
+        if len(idle) + len(unread) < excess:
+            unread += sorted((c for c in rest if c.unread_since is None and c.pipelining()), key=lambda c: c.since)
+        for c in unread[: excess - len(idle)]:
+            c._cut()
+        return len(idle) + len(unread) >= excess
+
+    def pipelining(self) -> bool:
+        """Its request is read whole and more bytes wait behind it: the next request, sent before this reply."""
+        done = self.busy and self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
+        return done and (self.conn.buffered() > 0 or self.unread() > 0)
+
+    @property
+    def unread_since(self) -> float | None:
+        """When this connection's replies backed up unread (its send deadline began), or None."""
+        deadline = self.write_deadline
+        return None if deadline is None else deadline.when() - self.limits.write_timeout
 
     def _refuse(self, status: int, message: str) -> None:
         self.transport.write(raw_refusal(status, message))

@@ -1,20 +1,24 @@
 """The attention heatmaps of nmt-serve's page, drawn on the server as SVG (nmt/serve/page.py places them).
 
-    svg = heatmap_svg(weights, src_pieces, tgt_pieces)     # cross-attention: (T, S), T output x S source
-    svg = heatmap_svg(weights, src_pieces, src_pieces, kind="self", layer=0, head=1, gradient="blues-0-0-1")
+    svg = "\n".join(heatmap_parts(weights, src_pieces, tgt_pieces))   # cross-attention: (T, S), T output x S source
+    lines = heatmap_parts(weights, src_pieces, src_pieces, kind="self", layer=1, head=2, gradient="blues-0-1-2")
 
 A map has its column pieces across the top, its row pieces down the side and a colour scale from 0 to 1.
 The cross-attention map ("source →" across, "output ↓" down) has a row per output piece; a self-attention map
 ("attended →" across, "query ↓" down) has a row per source position asking (the query) and a column per source
-position attended (the key), so each row sums to 1. Every cell is a <rect class="cell"> carrying data-t (its
-row), data-s (its column) and data-w (the weight, exactly as the JSON API gives it) and a <title> (the
-browser's tooltip), so the page reads without JavaScript; nmt/serve/static/serve.js adds a live tooltip and, on
-hovering a row's piece, highlights the pieces it attends to. All text is escaped.
+position attended (the key), so each row sums to 1. Every cell is a <rect class="cell"> carrying data-t (its row),
+data-s (its column) and data-w (the weight, exactly as the JSON API gives it, or a block's in a map drawn coarser)
+and a <title> (the browser's tooltip), so the page reads without JavaScript; nmt/serve/static/serve.js adds a live
+tooltip and, on hovering a row's piece, highlights the pieces it attends to. All text is escaped. A map drawn
+coarser (nmt/serve/bounds.py) has groups of pieces as its rows and columns: `group` > 1 goes into data-group and the
+label.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterator
+from functools import lru_cache
 from html import escape
 
 # matplotlib's "Blues" (ColorBrewer), light = little weight, dark = much
@@ -23,6 +27,7 @@ FONT = 12  # px, labels
 AXES = {"cross": ("source →", "output ↓"), "self": ("attended →", "query ↓")}  # across the top, down the side
 
 
+@lru_cache(maxsize=1 << 16)  # weights come rounded to 4 decimals: a few thousand distinct values a page
 def colour(w: float) -> str:
     """The colour of weight `w` (clipped to [0, 1]), interpolated between STOPS."""
     x = min(max(float(w), 0.0), 1.0) * (len(STOPS) - 1)
@@ -65,12 +70,13 @@ def _geometry(cols: list[str], rows: list[str], axes: tuple[str, str]) -> dict[s
 
 
 def _cell_title(kind: str, col: str, row: str, w: float) -> str:
+    """A cell's tooltip; `col` and `row` come escaped."""
     if kind == "self":
         return f"query {row} · attends {col} · weight {_fmt(w)}"
     return f"source {col} · output {row} · weight {_fmt(w)}"
 
 
-def heatmap_svg(
+def heatmap_parts(
     weights: list[list[float]],
     src_pieces: list[str],
     tgt_pieces: list[str],
@@ -79,12 +85,15 @@ def heatmap_svg(
     layer: int | None = None,
     head: int | None = None,
     gradient: str = "blues",
-) -> str:
-    """The heatmap as an <svg> element: `src_pieces` across the top, `tgt_pieces` (the rows) down the side.
+    group: int = 1,
+) -> Iterator[str]:
+    """The lines of the heatmap's <svg> element: `src_pieces` across the top, `tgt_pieces` (the rows) down the
+    side; the cells come a row a line, so a page is drawn a part at a time (nmt/serve/render.py).
 
     kind "cross" (the decoder's attention: rows are output pieces) or "self" (the encoder's self-attention: rows
     are queries, columns keys, both the source pieces; `layer` and `head`, 1-based, go into data-layer and
-    data-head). `gradient` is the id of the colour scale's gradient, unique per map where a map may be hidden."""
+    data-head). `gradient` is the id of the colour scale's gradient, unique per map where a map may be hidden;
+    `group` the pieces a row or column spans in a map drawn coarser."""
     S, T = len(src_pieces), len(tgt_pieces)
     across, down = AXES[kind]
     g = _geometry(src_pieces, tgt_pieces, (across, down))
@@ -96,6 +105,9 @@ def heatmap_svg(
     else:
         classes, extra = "heatmap", ""
         label = f"attention weights: {T} output pieces by {S} source pieces"
+    if group > 1:
+        extra += f' data-group="{group}"'
+        label = label.replace(" pieces", " groups").replace(": ", f" (groups of up to {group} pieces): ", 1)
     out = [
         f'<svg class="{classes}" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" data-rows="{T}" data-cols="{S}"{extra} '
@@ -120,18 +132,19 @@ def heatmap_svg(
             f'<text class="tgt" data-t="{t}" tabindex="0" x="{left - 8:.0f}" y="{y + c / 2:.1f}" '
             f'text-anchor="end" dominant-baseline="central">{escape(piece)}</text>'
         )
+    yield from out
+    cols = [escape(p) for p in src_pieces]
     for t, row in enumerate(weights[:T]):
-        for s, w in enumerate(row[:S]):
-            title = _cell_title(kind, src_pieces[s], tgt_pieces[t], w)
-            out.append(
-                f'<rect class="cell" data-t="{t}" data-s="{s}" data-w="{w!r}" x="{left + s * c}" '
-                f'y="{top + t * c}" width="{c}" height="{c}" fill="{colour(w)}"><title>{escape(title)}'
-                f"</title></rect>"
-            )
-    out.append(f'<rect class="frame" x="{left}" y="{top}" width="{S * c}" height="{T * c}"/>')
-    out.append(_colour_bar(bar_x, top, bar_h, gradient))
-    out.append("</svg>")
-    return "\n".join(out)
+        y, piece = top + t * c, escape(tgt_pieces[t])
+        yield "\n".join(
+            f'<rect class="cell" data-t="{t}" data-s="{s}" data-w="{w!r}" x="{left + s * c}" '
+            f'y="{y}" width="{c}" height="{c}" fill="{colour(w)}"><title>{_cell_title(kind, cols[s], piece, w)}'
+            f"</title></rect>"
+            for s, w in enumerate(row[:S])
+        )
+    yield f'<rect class="frame" x="{left}" y="{top}" width="{S * c}" height="{T * c}"/>'
+    yield _colour_bar(bar_x, top, bar_h, gradient)
+    yield "</svg>"
 
 
 def _colour_bar(x: float, y: float, h: float, gradient: str = "blues") -> str:

@@ -1,6 +1,7 @@
 """nmt-serve's page as HTML, with each checkpoint's attention drawn on the server as SVG heatmaps.
 
-    html = render_page(models, examples, limits, form={"text": "...", "beam": "5"}, result=reply, error=None)
+    parts = render_page(models, examples, limits, form={"text": "...", "beam": "5"}, result=reply, error=None)
+    html = "".join(part + "\n" for part in parts)        # nmt/serve/render.py draws it a part at a time instead
 
 Each checkpoint's card has its translation and its cross-attention heatmap (nmt/serve/heatmap.py: source
 pieces across the top, output pieces down the side). A checkpoint with self-attention in its encoder adds,
@@ -8,20 +9,43 @@ below that, a section "Self-attention over the source": a layer and a head selec
 map per (layer, head), each a <figure class="sa-map" data-layer data-head> captioned "layer l, head h" (all
 1-based, as the selectors' values: the JSON's weights[l - 1][h - 1]). Without JavaScript every map shows and
 the selectors stay hidden; serve.js shows the selectors and only the chosen map. All text from a request or a
-checkpoint is escaped.
+checkpoint is escaped. Every map is bounded (nmt/serve/bounds.py): past its share of cells it is drawn coarser,
+and a note under it says so.
+
+render_page is a generator: nothing is drawn until its first part is asked for, which fits every map to its
+bound and lets go of the reply's full weights, so a page on its way holds only what it draws.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from html import escape
 
+from nmt.serve.bounds import MAP_CELLS, SELF_ATTENTION_CELLS, Grid, coarseness, fit
 from nmt.serve.examples import Examples
-from nmt.serve.heatmap import heatmap_svg
+from nmt.serve.heatmap import heatmap_parts
 from nmt.serve.models import Limits, ServedModel, short_path
 
 
-def _model_card(model: ServedModel, result: dict | None) -> str:
+def bounded(result: dict | None) -> dict | None:
+    """A checkpoint's result as the page draws it: "grid" (the cross-attention map fitted to MAP_CELLS) and
+    "self_attention" {"layers", "heads", "grids": [layer][head]} fitted to SELF_ATTENTION_CELLS, in place of the
+    full weights."""
+    if result is None:
+        return None
+    view = {k: v for k, v in result.items() if k not in ("weights", "self_attention")}
+    src, tgt = result["src_pieces"], result["tgt_pieces"]
+    view["grid"] = fit(result["weights"], src, tgt, MAP_CELLS) if result["has_alignment"] else None
+    sa = result.get("self_attention")
+    if sa:
+        share = SELF_ATTENTION_CELLS // max(1, sa["layers"] * sa["heads"])
+        grids = [[fit(head, src, src, share) for head in layer] for layer in sa["weights"]] if src else []
+        view["self_attention"] = {"layers": sa["layers"], "heads": sa["heads"], "grids": grids}
+    return view
+
+
+def _model_card(model: ServedModel, result: dict | None) -> Iterator[str]:
     s = model.settings
     facts = [escape(short_path(model.path)), f"{s['parameters']:,} parameters"]
     if s.get("step") is not None:
@@ -35,34 +59,36 @@ def _model_card(model: ServedModel, result: dict | None) -> str:
         f'<p class="facts" title="{escape(model.path)}">{" · ".join(facts)}</p>'
     )
     if result is None:
-        return head + '<p class="placeholder">Translate a sentence to see this model\'s attention.</p></section>'
-    body = [
-        f'<p class="hyp">{escape(result["hypothesis"]) or "<em>(empty output)</em>"}</p>',
+        yield head + '<p class="placeholder">Translate a sentence to see this model\'s attention.</p></section>'
+        return
+    yield (
+        head + f'<p class="hyp">{escape(result["hypothesis"]) or "<em>(empty output)</em>"}</p>'
         f'<p class="meta">{len(result["src_pieces"])} source pieces → {len(result["tgt_pieces"])} output '
-        f"pieces · {result['time'] * 1000:.0f} ms</p>",
-    ]
+        f"pieces · {result['time'] * 1000:.0f} ms</p>"
+    )
     if result.get("note"):
-        body.append(f'<p class="note">{escape(result["note"])}</p>')
-    if result["has_alignment"]:
-        body.append(
-            '<div class="heatmap-wrap">'
-            + heatmap_svg(result["weights"], result["src_pieces"], result["tgt_pieces"])
-            + "</div>"
-        )
-        body.append('<p class="readout" aria-live="polite">Hover a cell, or an output piece on the left.</p>')
+        yield f'<p class="note">{escape(result["note"])}</p>'
+    grid: Grid | None = result["grid"]
+    if grid is not None:
+        yield '<div class="heatmap-wrap">'
+        yield from heatmap_parts(grid.weights, grid.cols, grid.rows, group=grid.group)
+        yield "</div>"
+        if grid.group > 1:
+            yield f'<p class="note coarse">{escape(coarseness(grid.group, "This map is"))}</p>'
+        yield '<p class="readout" aria-live="polite">Hover a cell, or an output piece on the left.</p>'
     else:
-        body.append(
+        yield (
             '<p class="no-alignment">attention=none: the decoder reads one fixed sentence vector, so '
             "there is no alignment to show.</p>"
         )
     if result.get("self_attention"):
-        body.append(_self_attention_section(model.index, result["self_attention"], result["src_pieces"]))
-    return head + "".join(body) + "</section>"
+        yield from _self_attention_section(model.index, result["self_attention"])
+    yield "</section>"
 
 
-def _self_attention_section(index: int, sa: dict, src_pieces: list[str]) -> str:
+def _self_attention_section(index: int, sa: dict) -> Iterator[str]:
     """The encoder's self-attention: a layer and a head selector (shown by serve.js) and a map per (layer, head)."""
-    layers, heads = sa["layers"], sa["heads"]
+    layers, heads, grids = sa["layers"], sa["heads"], sa["grids"]
 
     def select(name: str, n: int) -> str:
         ident = f"sa-{name}-{index}"
@@ -70,36 +96,40 @@ def _self_attention_section(index: int, sa: dict, src_pieces: list[str]) -> str:
         field = f'<select id="{ident}" class="sa-{name}">{options}</select>'
         return f'<span class="sa-pick"><label for="{ident}">{name.capitalize()}</label> {field}</span>'
 
-    parts = [
-        f'<section class="self-attention" data-layers="{layers}" data-heads="{heads}">',
-        "<h3>Self-attention over the source</h3>",
-        f'<p class="sa-about">The encoder\'s {layers} layer{"s" if layers != 1 else ""} of self-attention, '
-        f"{heads} head{'s' if heads != 1 else ''} each: every source piece (a row, the query) spreads a weight of 1 "
-        "over the source pieces it attends to (the columns).</p>",
-        f'<div class="sa-controls" hidden>{select("layer", layers)} {select("head", heads)}</div>',
-        '<div class="sa-maps">',
-    ]
-    if not src_pieces:
-        parts.append('<p class="placeholder">No source pieces: nothing to attend to.</p>')
-    else:
-        for layer in range(1, layers + 1):
-            for head in range(1, heads + 1):
-                svg = heatmap_svg(
-                    sa["weights"][layer - 1][head - 1],
-                    src_pieces,
-                    src_pieces,
-                    kind="self",
-                    layer=layer,
-                    head=head,
-                    gradient=f"blues-{index}-{layer}-{head}",
-                )
-                parts.append(
-                    f'<figure class="sa-map" data-layer="{layer}" data-head="{head}"><figcaption>layer {layer}, '
-                    f'head {head}</figcaption><div class="heatmap-wrap">{svg}</div></figure>'
-                )
-    parts.append("</div>")
-    parts.append('<p class="readout" aria-live="polite">Hover a cell, or a query piece on the left.</p></section>')
-    return "".join(parts)
+    yield "".join(
+        [
+            f'<section class="self-attention" data-layers="{layers}" data-heads="{heads}">',
+            "<h3>Self-attention over the source</h3>",
+            f'<p class="sa-about">The encoder\'s {layers} layer{"s" if layers != 1 else ""} of self-attention, '
+            f"{heads} head{'s' if heads != 1 else ''} each: every source piece (a row, the query) spreads a weight "
+            "of 1 over the source pieces it attends to (the columns).</p>",
+            f'<div class="sa-controls" hidden>{select("layer", layers)} {select("head", heads)}</div>',
+        ]
+    )
+    group = grids[0][0].group if grids else 1
+    if group > 1:
+        yield f'<p class="note coarse">{escape(coarseness(group, "These maps are"))}</p>'
+    yield '<div class="sa-maps">'
+    if not grids:
+        yield '<p class="placeholder">No source pieces: nothing to attend to.</p>'
+    for layer, row in enumerate(grids, start=1):
+        for head, grid in enumerate(row, start=1):
+            caption = f"layer {layer}, head {head}"
+            yield f'<figure class="sa-map" data-layer="{layer}" data-head="{head}"><figcaption>{caption}</figcaption>'
+            yield '<div class="heatmap-wrap">'
+            yield from heatmap_parts(
+                grid.weights,
+                grid.cols,
+                grid.rows,
+                kind="self",
+                layer=layer,
+                head=head,
+                gradient=f"blues-{index}-{layer}-{head}",
+                group=grid.group,
+            )
+            yield "</div></figure>"
+    yield "</div>"
+    yield '<p class="readout" aria-live="polite">Hover a cell, or a query piece on the left.</p></section>'
 
 
 def render_page(
@@ -109,8 +139,11 @@ def render_page(
     form: dict[str, str],
     result: dict | None = None,
     error: str | None = None,
-) -> str:
-    """The whole page: the form, any error or notes, and one card per checkpoint."""
+) -> Iterator[str]:
+    """The whole page, a part at a time: the form, any error or notes, and one card per checkpoint."""
+    results = {r["model"]: r for r in result["results"]} if result else {}
+    cards = [bounded(results.get(m.index)) for m in models]
+    del results
     beam = form.get("beam", "1")
     radios = "".join(
         f'<label><input type="radio" name="beam" value="{v}"{" checked" if beam == v else ""}> {name}</label>'
@@ -147,12 +180,15 @@ def render_page(
         parts += [f'<div class="notes" role="status">{escape(n)}</div>' for n in result["notes"]]
         how = "greedy" if result["beam"] == 1 else f"beam {result['beam']}"
         parts.append(f'<p class="translated">Translated ({how}): <q>{escape(result["text"])}</q></p>')
-    results = {r["model"]: r for r in result["results"]} if result else {}
-    parts.append('<main class="results">' + "".join(_model_card(m, results.get(m.index)) for m in models) + "</main>")
+    del result  # the full weights: only the bounded cards are drawn from here on
+    yield from parts
+    yield '<main class="results">'
+    for model, card in zip(models, cards, strict=True):
+        yield from _model_card(model, card)
+    yield "</main>"
     api = json.dumps({"text": "...", "beam": 5})
-    parts.append(
+    yield (
         f"<footer>JSON API: <code>POST /translate {escape(api)}</code> · <code>GET /api/models</code> "
         "(see the README)</footer>"
     )
-    parts.append('<div id="tip" class="tip" hidden></div><script src="/static/serve.js"></script></body></html>')
-    return "\n".join(parts)
+    yield '<div id="tip" class="tip" hidden></div><script src="/static/serve.js"></script></body></html>'
