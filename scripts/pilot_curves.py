@@ -61,11 +61,35 @@ def replay(curve: list[dict], patience: int) -> dict:
     return {"stops_at": None, "best_step": best["step"] if best else None, "best_bleu": best and best["bleu"]}
 
 
+def best_attention(run: Path, data_root: str) -> dict | None:
+    """Teacher-forced attention statistics of the run's best.pt on its corpus's validation split."""
+    import torch
+
+    from nmt.checkpoint import load_checkpoint
+    from nmt.corpora.multi30k import load_multi30k
+    from nmt.study.attention_stats import attention_statistics
+    from nmt.translator import Translator
+
+    torch.set_num_threads(1)
+    payload = load_checkpoint(run / "checkpoints" / "best.pt")
+    translator = Translator.from_payload(payload, "cpu", checkpoint=None)
+    src = ((payload.get("config") or {}).get("data") or {}).get("src_lang", "de")
+    corpus = load_multi30k(root=data_root, src_lang=src)
+    stats = attention_statistics(translator.model, translator.tokenizer, corpus.splits["valid"])
+    return stats and {"step": payload.get("step"), **stats}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run directories (each with train.log)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--patience", default="2,3,4,5,6,8", help="patiences to replay (default: 2,3,4,5,6,8)")
+    p.add_argument(
+        "--data-root",
+        default=None,
+        help="Multi30k's raw files: also record each run's best.pt attention statistics on the validation split "
+        "(nmt.study.attention_stats, teacher-forced)",
+    )
     args = p.parse_args(argv)
     out = {}
     for run in args.runs:
@@ -77,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             "validations": curve,
             "replay": {str(k): replay(curve, int(k)) for k in args.patience.split(",")},
         }
+        if args.data_root:
+            out[run.name]["attention_stats"] = best_attention(run, args.data_root)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     for name, r in out.items():
