@@ -29,7 +29,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nmt.device import describe_machine
+from nmt.provenance import describe_machine
 
 BIN = Path(sys.executable).parent
 DEFAULT = ["experiment=multi30k_deen", "trainer.max_minutes=5"]

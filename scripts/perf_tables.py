@@ -213,3 +213,35 @@ def suite_block(folder: Path = BENCH_DIR) -> str:
         f"{machine.get('cores')} cores of an {machine.get('cpu_model')}, load average "
         f"{run['load_average_before'][0]:.1f} before it; {run['date'][:10]} ([{path.name}]({rel(path)}))."
     )
+
+
+# the machines docs/performance.md's plan table describes: (name, device, bf16, why bf16 or not)
+PLAN_MACHINES = (
+    ("CPU without bf16 hardware (AVX2; AVX-512 without BF16)", "cpu", False, "no native bf16: fp32"),
+    ("CPU with AVX-512 BF16 or AMX", "cpu", True, "native bf16"),
+    ("CUDA GPU", "cuda", True, "bf16 on the GPU"),
+)
+
+
+def plan_block() -> str:
+    """What `kernels=auto` chooses for the multi30k_deen preset's model (additive score in Luong's order, input
+    feeding, a one-layer biLSTM encoder) at 2 threads on each kind of machine, where a C++ compiler is found:
+    nmt.plan.choose itself, so the table is the code's own answer."""
+    from nmt import plan
+    from nmt.kernels import compiled
+
+    shape = plan.Shape(additive=True, input_feeding=True, query_previous=False)
+    found, has = compiled.compiler, compiled.has_compiler
+    compiled.compiler, compiled.has_compiler = (lambda: "c++"), (lambda: True)
+    try:
+        plans = [
+            plan.choose(plan.Inputs(device, bf16, why, "auto", 2, "2 cores", "train"), shape).record()
+            for _, device, bf16, why in PLAN_MACHINES
+        ]
+    finally:
+        compiled.compiler, compiled.has_compiler = found, has
+    lines = ["| component | " + " | ".join(m[0] for m in PLAN_MACHINES) + " |", "|---|" + "---|" * len(plans)]
+    for component in plans[0]:
+        cells = [p.get(component, {}).get("implementation", "-") for p in plans]
+        lines.append(f"| `{component}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

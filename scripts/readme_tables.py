@@ -368,6 +368,7 @@ PERF_BLOCKS = (
     ("by-kind", perf_tables.by_kind_block),
     ("busy", perf_tables.busy_block),
     ("malloc", perf_tables.malloc_block),
+    ("plan", perf_tables.plan_block),
 )
 
 

@@ -18,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from nmt.device import describe_machine
+from nmt.provenance import describe_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
