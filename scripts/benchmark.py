@@ -113,7 +113,7 @@ TINY_OVERRIDES = [
     # a 3 s budget: nothing to compile (a cold torch.compile under bf16 outlasts it, whatever the preset says)
     "kernels=eager",
 ]
-# OpenNMT-py 3.5.1 in ../shared/peers/README.md (another session, same kind of machine): used for the
+# OpenNMT-py 3.5.1 in ../shared/peers/README.md (a run on the same kind of machine): used for the
 # floors only when no OpenNMT-py run was made in this invocation.
 OPENNMT_README = {"sentences_per_s": 145.7, "decode_s_beam5": 10.0, "decode_s_greedy": 3.2, "peak_train_gib": 3.7}
 

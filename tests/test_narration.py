@@ -21,10 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".ini", ".cpp", ".h", ".html", ".js", ".css"}
 CODE = {".py", ".yaml", ".yml", ".toml", ".sh", ".cpp", ".h", ".js"}
-# Files that other work is changing at the same time; each is to be cleaned where that work lands, and then
-# removed from this list, which should end empty.
-PENDING = {"nmt/trainer.py", "nmt/device.py", "scripts/benchmark.py", "docs/study.md"}
-PENDING_FOLDERS = ("nmt/trainer/", "nmt/kernels/", "nmt/serve/", "nmt/cli/", "nmt/study/", "docs/study/")
+# Files left out of the check (none: every tracked text file is checked)
+PENDING: set[str] = set()
+PENDING_FOLDERS: tuple[str, ...] = ()
 
 API_NAMES = re.compile(r"""scope=["']session["']|start_new_session|\w+_session\b|\bsession_\w+""")
 SESSION = re.compile(r"\bsessions?\b", re.I)

@@ -39,7 +39,7 @@ class RunInfo:
     finished: bool  # metrics.json exists
     best: dict  # {"metric", "value", "step"} of the checkpoint the study evaluates
     provenance: dict  # what trained it (commit, CPU, torch), {} for checkpoints older than the record
-    trained_at: str  # when training ended (metrics.json, else the last checkpoint), UTC, e.g. 2026-12-04T05:43Z
+    trained_at: str  # when training ended (metrics.json, else the last checkpoint), UTC, as YYYY-MM-DDTHH:MMZ
     # the settings that broke exactness when the run was resumed with trainer.resume_changes=allow (nmt.resume)
     resumed_with_changes: list[str] = field(default_factory=list)
     # why training ended (metrics.json's stopped_by: early_stopping, max_epochs, max_steps, ...); None unfinished
