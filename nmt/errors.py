@@ -39,6 +39,15 @@ class RunDirError(NMTError):
     """A run directory that another trainer holds, or that cannot be written."""
 
 
+class OutputError(NMTError):
+    """An output file (nmt-evaluate's report, hypotheses, figures) that cannot be written. `result`: what was
+    computed before the write failed (the scores), for the command to print all the same."""
+
+    def __init__(self, message: str, result: dict | None = None):
+        super().__init__(message)
+        self.result = result
+
+
 class ConfigError(NMTError, ValueError):
     """A configuration value is unknown or of the wrong type (a ValueError too, for library callers)."""
 
@@ -50,18 +59,20 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0][:160] if text else type(e).__name__
 
 
-def write_failure(e: BaseException) -> tuple[str, str]:
+def write_failure(
+    e: BaseException, elsewhere: str = "choose another run directory with hydra.run.dir=..."
+) -> tuple[str, str]:
     """(why a write failed, what to do): the OSError behind `e` ("No space left on device", "Read-only file
-    system", ...) and the fix for it, else `e`'s first line; for the files of a run directory."""
+    system", ...) and the fix for it (`elsewhere`: where else to write), else `e`'s first line."""
     seen: BaseException | None = e
     while seen is not None and not isinstance(seen, OSError):
         seen = seen.__cause__ or seen.__context__
     if seen is None:
-        return first_line(e), "free disk space or choose another run directory with hydra.run.dir=..."
+        return first_line(e), f"free disk space or {elsewhere}"
     reason = seen.strerror or str(seen)
     if seen.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return reason, "make it writable, or choose another run directory with hydra.run.dir=..."
-    return reason, "free disk space or choose another run directory with hydra.run.dir=..."
+        return reason, f"make it writable, or {elsewhere}"
+    return reason, f"free disk space or {elsewhere}"
 
 
 @contextmanager
