@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import pickle
+import re
 import shutil
 import warnings
 import zipfile
@@ -136,6 +137,8 @@ def _running(pid: int) -> bool:
 _ANOTHER = "use another checkpoint, e.g. checkpoints/best.pt or checkpoints/last.pt of the run"
 _COPY = f"copy it again, or {_ANOTHER}"
 _OLDER = "older"
+_TORCH_MEMBERS = {"data.pkl", "version", ".format_version", "byteorder", "serialization_id", ".storage_alignment"}
+_STORAGE = re.compile(r"/data/\d+$")  # a tensor storage's member in torch.save's archive
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -178,7 +181,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         _refuse(path, f"model version {data.get('model_version')}, this is {MODEL_VERSION}", _OLDER)
     if data.get("format_version") != FORMAT_VERSION:
         _refuse(path, f"checkpoint format {data.get('format_version')}, this reads {FORMAT_VERSION}", _OLDER)
-    verify(path, data)
+    verify(path, data)  # the values, tensors included
+    damage = damaged_archive(path, storages=False)  # the rest of the file: a flipped bit that changed no value
+    if damage:
+        raise CorruptCheckpoint(f"{path}: corrupt checkpoint ({damage})", _COPY)
     return data
 
 
@@ -198,28 +204,46 @@ def _refuse(path: Path, why: str, kind: str = "not an nmt checkpoint") -> NoRetu
     raise CheckpointError(f"{path}: {kind} ({why}); pass a checkpoint written by nmt-train")
 
 
-def damaged_archive(path: str | Path) -> str | None:
+def damaged_archive(path: str | Path, storages: bool = True) -> str | None:
     """What is damaged in `path`, a zip archive as torch.save writes one (its members' CRC-32 checksums checked, the
-    bytes torch itself does not check), or None where it reads back whole, or is no such archive at all."""
+    bytes torch itself does not check), or None where it reads back whole, or is no such archive at all. Without
+    `storages` the tensors' bytes (<archive>/data/<n>, which the digest covers) are not read again."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            if not any(name.endswith("data.pkl") for name in archive.namelist()):
-                return None  # another kind of zip: foreign, not damaged
-            bad = archive.testzip()
-    except zipfile.BadZipFile:
-        return None  # not a zip archive: a foreign file (a cut-off one fails torch.load first)
-    except Exception as e:  # a damaged header: zipfile reports it in many ways
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:  # no zip at all (a foreign file), or one whose directory is damaged
+        return None if "not a zip file" in str(e) else f"its archive cannot be read: {first_line(e)}"
+    except Exception as e:
         return f"its archive cannot be read: {type(e).__name__}"
-    return f"{bad} does not match its checksum" if bad else None
+    with archive:
+        if not _torch_archive(archive):
+            return None  # another kind of zip: foreign, not damaged
+        for info in archive.infolist():
+            if storages or not _STORAGE.search(info.filename):
+                try:
+                    with archive.open(info) as member:  # read to its end: the CRC is checked there
+                        while member.read(1 << 20):
+                            pass
+                except Exception as e:  # zipfile.BadZipFile (a CRC, a header), zlib.error, ...
+                    return (
+                        f"{info.filename} does not match its checksum"
+                        if "CRC" in str(e)
+                        else (f"{info.filename} cannot be read: {first_line(e)}")
+                    )
+    return None
 
 
 def _foreign_zip(path: Path) -> bool:
-    """Whether `path` is a whole zip archive of another kind than torch.save's (no data.pkl in it)."""
+    """Whether `path` is a whole zip archive of another kind than torch.save's."""
     try:
         with zipfile.ZipFile(path) as archive:
-            return not any(name.endswith("data.pkl") for name in archive.namelist())
+            return not _torch_archive(archive)
     except Exception:  # not a zip archive that reads: a cut-off checkpoint, typically
         return False
+
+
+def _torch_archive(archive: zipfile.ZipFile) -> bool:
+    """Whether `archive` has the members torch.save writes (any of them: a flipped bit may rename one)."""
+    return any(name.rpartition("/")[2] in _TORCH_MEMBERS for name in archive.namelist())
 
 
 def verify(path: Path, data: dict) -> None:

@@ -4,7 +4,7 @@
     python scripts/sigint_storm.py --count 20 --work /tmp/storm --seed 3
 
 A quick run is trained first (WORK/run, the quick preset shrunk: 300 pairs, 6 steps) and a copy of it kept for the
-commands to read. Each round starts one command (in turn: nmt-train resuming a copy of the run for 60 more steps,
+commands to read. Each round starts one command (in turn: nmt-train resuming a copy of the run for 3 more steps,
 nmt-evaluate on its last.pt, nmt-translate reading stdin, nmt-study over the run) and sends it one SIGINT at an
 instant drawn uniformly over that command's own uninterrupted wall time (measured once first), so its start, its
 imports, Hydra, the data, the decoding and its end are all hit. A round passes when the command printed no
@@ -49,7 +49,7 @@ def commands(work: Path, run: Path, n: int) -> dict[str, tuple[list[str], Path]]
     last = copy / "run" / "checkpoints" / "last.pt"
     data = f"paths.data_dir={work / 'data'}"
     return {
-        "nmt-train": ([*TINY, "trainer.max_steps=66", f"hydra.run.dir={copy / 'run'}", data], copy),
+        "nmt-train": ([*TINY, "trainer.max_steps=9", f"hydra.run.dir={copy / 'run'}", data], copy),
         "nmt-evaluate": ([f"checkpoint={last}", f"output={copy / 'eval'}", "heatmaps=1", data], copy),
         "nmt-translate": ([str(last)], copy),
         "nmt-study": ([str(copy), "--beam", "1", "--output", str(copy / "study")], copy),

@@ -8,7 +8,8 @@ SIGINT is handled by this module, by phase:
               so that every `finally`, atomic write (nmt.atomic) and cleanup (`on_interrupt`: a run directory
               made for nothing, nmt.cli.rerun.forget_unused) runs; the block then prints one line and exits 130.
               nmt-train's trainer handles SIGINT itself while it trains (finish the step, save, stop).
-    ending    after the body: what it printed is flushed and the process ends at once
+    ending    after the body, its work done: Ctrl-C is ignored while Python exits (its own exit drops every handler,
+              and a signal then would end the process by the signal)
 
 A second Ctrl-C while the first unwinds ends the process at once. A KeyboardInterrupt raised where Python cannot
 pass it on (a __del__, a weakref callback, an atexit function: "Exception ignored in ...") is raised again in the
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 STATUS = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
-_state = {"phase": "loading", "prog": "nmt", "raised": False, "again": False}
+_state = {"phase": "loading", "prog": "nmt", "raised": False, "again": False, "installed": False}
 _cleanups: list[Callable[[], None]] = []
 
 
@@ -46,7 +47,7 @@ def command_name(argv: list[str] | None = None) -> str | None:
 
 def install(prog: str) -> None:
     """Handle SIGINT as the module says, from now on (the command is loading)."""
-    _state["prog"] = prog
+    _state.update(prog=prog, installed=True)
     signal.signal(signal.SIGINT, _handler)
     previous = sys.unraisablehook
 
@@ -82,6 +83,8 @@ def running(prog: str) -> Iterator[None]:
         _say_and_end(exit_now=False)
     finally:
         _state["phase"] = "ending"
+        if _state["installed"]:  # the work is done: Python's own exit (which drops handlers) is not interrupted
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _handler(signum, frame) -> None:
