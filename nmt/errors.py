@@ -78,7 +78,7 @@ def write_failure(
 @contextmanager
 def command_errors(prog: str) -> Iterator[None]:
     """The body of a command without Hydra (nmt-translate, nmt-serve): an NMTError becomes one line
-    `prog: error: ...` and exit status 2 (NMT_DEBUG=1 shows the traceback); Ctrl-C exits 130 quietly."""
+    `prog: error: ...` and exit status 2 (NMT_DEBUG=1 shows the traceback); Ctrl-C is `prog: interrupted`, exit 130."""
     try:
         yield
     except NMTError as e:
@@ -87,4 +87,5 @@ def command_errors(prog: str) -> Iterator[None]:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
         sys.exit(130)

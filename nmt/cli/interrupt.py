@@ -12,15 +12,17 @@ SIGINT is handled by this module, by phase:
               and a signal then would end the process by the signal)
 
 A second Ctrl-C while the first unwinds ends the process at once. A KeyboardInterrupt raised where Python cannot
-pass it on (a __del__, a weakref callback, an atexit function: "Exception ignored in ...") is raised again in the
-command's own code instead of printed.
+pass it on (a __del__, a weakref callback: "Exception ignored in ...") is not printed but delivered again a moment
+later, from another thread, so that it is raised in the command's own code.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -53,8 +55,8 @@ def install(prog: str) -> None:
 
     def unraisable(hook_args) -> None:
         if isinstance(hook_args.exc_value, KeyboardInterrupt) and _state["phase"] == "running":
-            _state["again"] = True  # not a second Ctrl-C: the first one, swallowed
-            signal.raise_signal(signal.SIGINT)
+            _state["again"] = True  # not a second Ctrl-C: the first one, swallowed; delivered again from another
+            threading.Timer(0.01, _thread.interrupt_main).start()  # thread, so that it is not raised in this hook
             return
         if not isinstance(hook_args.exc_value, KeyboardInterrupt):
             previous(hook_args)
