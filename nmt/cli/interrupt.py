@@ -75,18 +75,27 @@ def running(prog: str) -> Iterator[None]:
     _state.update(phase="running", prog=prog)
     try:
         yield
+    except Exception:
+        if not _state["raised"]:
+            raise
+        _interrupted()  # a library's cleanup failed on the interrupt it was unwinding (state left half-changed)
     except KeyboardInterrupt:
-        _state["phase"] = "ending"
-        for cleanup in _cleanups:
-            try:
-                cleanup()
-            except Exception:  # a cleanup that fails leaves its folder; the interrupt is what to report
-                pass
-        _say_and_end(exit_now=False)
+        _interrupted()
     finally:
         _state["phase"] = "ending"
         if _state["installed"]:  # the work is done: Python's own exit (which drops handlers) is not interrupted
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupted() -> None:
+    """Run the cleanups, then one line and exit 130."""
+    _state["phase"] = "ending"
+    for cleanup in _cleanups:
+        try:
+            cleanup()
+        except Exception:  # a cleanup that fails leaves its folder; the interrupt is what to report
+            pass
+    _say_and_end(exit_now=False)
 
 
 def _handler(signum, frame) -> None:
