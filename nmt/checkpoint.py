@@ -24,9 +24,13 @@ import hashlib
 import logging
 import os
 import pickle
+import re
 import shutil
+import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -132,6 +136,9 @@ def _running(pid: int) -> bool:
 
 _ANOTHER = "use another checkpoint, e.g. checkpoints/best.pt or checkpoints/last.pt of the run"
 _COPY = f"copy it again, or {_ANOTHER}"
+_OLDER = "older"
+_TORCH_MEMBERS = {"data.pkl", "version", ".format_version", "byteorder", "serialization_id", ".storage_alignment"}
+_STORAGE = re.compile(r"/data/\d+$")  # a tensor storage's member in torch.save's archive
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
@@ -155,35 +162,88 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not magic:
         raise CorruptCheckpoint(f"{path}: empty file (0 bytes), not a checkpoint", _ANOTHER)
     if magic != ZIP_MAGIC:  # torch.save writes a zip archive; nothing else is even unpickled
-        raise CheckpointError(
-            f"{path}: not an nmt checkpoint (not a file written by torch.save); pass a checkpoint written by nmt-train"
-        )
+        _refuse(path, "not a file written by torch.save")
     try:
         # torch's version string (a str subclass) is allowed: older checkpoints stored it unconverted
-        with torch.serialization.safe_globals([torch.torch_version.TorchVersion]):
+        with torch.serialization.safe_globals([torch.torch_version.TorchVersion]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's remarks on a damaged pickle's protocol: the error says it
             data = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(
-            f"{path}: not an nmt checkpoint (it holds objects other than tensors and "
-            "plain values, which are never loaded); pass a checkpoint written by nmt-train"
-        ) from None
+        _refuse(path, "it holds objects other than tensors and plain values, which are never loaded")
     except Exception as e:  # torch reports a cut-off zip in many ways (RuntimeError, OSError, EOFError, ...)
+        if _foreign_zip(path):
+            _refuse(path, "a zip archive, but not one written by torch.save")
         detail = f"{type(e).__name__}: {first_line(e).split('. ')[0][:100]}" if str(e) else type(e).__name__
         raise CorruptCheckpoint(f"{path}: truncated or corrupt checkpoint ({detail})", _COPY) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not an nmt checkpoint; pass a checkpoint written by nmt-train")
+        _refuse(path, "no nmt-checkpoint format marker")
     if data.get("model_version") != MODEL_VERSION:
-        raise CheckpointError(
-            f"{path}: written by an incompatible version (model version {data.get('model_version')}, this is "
-            f"{MODEL_VERSION}); evaluate it with the nmt version that trained it, or retrain"
-        )
+        _refuse(path, f"model version {data.get('model_version')}, this is {MODEL_VERSION}", _OLDER)
     if data.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path}: written by an incompatible version (checkpoint format {data.get('format_version')}, "
-            f"this reads {FORMAT_VERSION}); evaluate it with the nmt version that trained it, or retrain"
-        )
-    verify(path, data)
+        _refuse(path, f"checkpoint format {data.get('format_version')}, this reads {FORMAT_VERSION}", _OLDER)
+    verify(path, data)  # the values, tensors included
+    damage = damaged_archive(path, storages=False)  # the rest of the file: a flipped bit that changed no value
+    if damage:
+        raise CorruptCheckpoint(f"{path}: corrupt checkpoint ({damage})", _COPY)
     return data
+
+
+def _refuse(path: Path, why: str, kind: str = "not an nmt checkpoint") -> NoReturn:
+    """Refuse `path`, which does not read as an nmt checkpoint (`why`): a CorruptCheckpoint where the file is one
+    whose bytes are damaged (a zip archive whose members do not match their checksums: a flipped bit anywhere in
+    what torch.save wrote), else a CheckpointError of `kind` (a foreign file, a pickle of other objects, another
+    version)."""
+    damage = damaged_archive(path)
+    if damage:
+        raise CorruptCheckpoint(f"{path}: corrupt checkpoint ({damage})", _COPY)
+    if kind == _OLDER:
+        raise CheckpointError(
+            f"{path}: written by an incompatible version ({why}); evaluate it with the nmt version that trained it, "
+            "or retrain"
+        )
+    raise CheckpointError(f"{path}: {kind} ({why}); pass a checkpoint written by nmt-train")
+
+
+def damaged_archive(path: str | Path, storages: bool = True) -> str | None:
+    """What is damaged in `path`, a zip archive as torch.save writes one (its members' CRC-32 checksums checked, the
+    bytes torch itself does not check), or None where it reads back whole, or is no such archive at all. Without
+    `storages` the tensors' bytes (<archive>/data/<n>, which the digest covers) are not read again."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:  # no zip at all (a foreign file), or one whose directory is damaged
+        return None if "not a zip file" in str(e) else f"its archive cannot be read: {first_line(e)}"
+    except Exception as e:
+        return f"its archive cannot be read: {type(e).__name__}"
+    with archive:
+        if not _torch_archive(archive):
+            return None  # another kind of zip: foreign, not damaged
+        for info in archive.infolist():
+            if storages or not _STORAGE.search(info.filename):
+                try:
+                    with archive.open(info) as member:  # read to its end: the CRC is checked there
+                        while member.read(1 << 20):
+                            pass
+                except Exception as e:  # zipfile.BadZipFile (a CRC, a header), zlib.error, ...
+                    return (
+                        f"{info.filename} does not match its checksum"
+                        if "CRC" in str(e)
+                        else (f"{info.filename} cannot be read: {first_line(e)}")
+                    )
+    return None
+
+
+def _foreign_zip(path: Path) -> bool:
+    """Whether `path` is a whole zip archive of another kind than torch.save's."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return not _torch_archive(archive)
+    except Exception:  # not a zip archive that reads: a cut-off checkpoint, typically
+        return False
+
+
+def _torch_archive(archive: zipfile.ZipFile) -> bool:
+    """Whether `archive` has the members torch.save writes (any of them: a flipped bit may rename one)."""
+    return any(name.rpartition("/")[2] in _TORCH_MEMBERS for name in archive.namelist())
 
 
 def verify(path: Path, data: dict) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from nmt.atomic import atomic_path
+from nmt import cache
 from nmt.choices import TokenizerType
 from nmt.corpora import Corpus, Pair
 from nmt.special import BOS_ID, EOS_ID, PAD_ID
@@ -197,12 +197,12 @@ def prepare(
     validation and test pairs are always kept, since they are what we measure on.
     """
     cache_dir = Path(data_dir) / "cache" / f"{corpus.name}-{corpus_key(corpus, settings, max_length)}"
-    spm_src, spm_tgt, enc_path = cache_dir / "spm.src.model", cache_dir / "spm.tgt.model", cache_dir / "encoded.pt"
-    if enc_path.exists() and spm_src.exists() and spm_tgt.exists():
+    found = cache.read(cache_dir)  # None where missing, or damaged (said in one line): prepared again
+    if found is not None:
         log.info("reusing cache %s", cache_dir)
-        tokenizer = Tokenizer(spm_src.read_bytes(), spm_tgt.read_bytes())
-        blob = torch.load(enc_path, weights_only=True)
+        src_model, tgt_model, blob = found
         encoded = {k: EncodedSplit.from_state_dict(v) for k, v in blob["encoded"].items()}
+        tokenizer = Tokenizer(src_model, tgt_model)
         return PreparedData(corpus, tokenizer, encoded, blob["kept"], blob["dropped"], cache_dir, max_length)
 
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -212,11 +212,8 @@ def prepare(
     bar.update()
     encoded, kept, dropped = encode_splits(corpus, tokenizer, max_length, bar)
     bar.close()
-    for path, model in ((spm_src, tokenizer.src_model), (spm_tgt, tokenizer.tgt_model)):
-        with atomic_path(path) as tmp:
-            tmp.write_bytes(model)
-    with atomic_path(enc_path) as tmp:
-        torch.save({"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}, tmp)
+    blob = {"encoded": {k: v.state_dict() for k, v in encoded.items()}, "kept": kept, "dropped": dropped}
+    cache.write(cache_dir, tokenizer.src_model, tokenizer.tgt_model, blob)
     return PreparedData(corpus, tokenizer, encoded, kept, dropped, cache_dir, max_length)
 
 

@@ -39,6 +39,15 @@ class RunDirError(NMTError):
     """A run directory that another trainer holds, or that cannot be written."""
 
 
+class OutputError(NMTError):
+    """An output file (nmt-evaluate's report, hypotheses, figures) that cannot be written. `result`: what was
+    computed before the write failed (the scores), for the command to print all the same."""
+
+    def __init__(self, message: str, result: dict | None = None):
+        super().__init__(message)
+        self.result = result
+
+
 class ConfigError(NMTError, ValueError):
     """A configuration value is unknown or of the wrong type (a ValueError too, for library callers)."""
 
@@ -50,24 +59,26 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0][:160] if text else type(e).__name__
 
 
-def write_failure(e: BaseException) -> tuple[str, str]:
+def write_failure(
+    e: BaseException, elsewhere: str = "choose another run directory with hydra.run.dir=..."
+) -> tuple[str, str]:
     """(why a write failed, what to do): the OSError behind `e` ("No space left on device", "Read-only file
-    system", ...) and the fix for it, else `e`'s first line; for the files of a run directory."""
+    system", ...) and the fix for it (`elsewhere`: where else to write), else `e`'s first line."""
     seen: BaseException | None = e
     while seen is not None and not isinstance(seen, OSError):
         seen = seen.__cause__ or seen.__context__
     if seen is None:
-        return first_line(e), "free disk space or choose another run directory with hydra.run.dir=..."
+        return first_line(e), f"free disk space or {elsewhere}"
     reason = seen.strerror or str(seen)
     if seen.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return reason, "make it writable, or choose another run directory with hydra.run.dir=..."
-    return reason, "free disk space or choose another run directory with hydra.run.dir=..."
+        return reason, f"make it writable, or {elsewhere}"
+    return reason, f"free disk space or {elsewhere}"
 
 
 @contextmanager
 def command_errors(prog: str) -> Iterator[None]:
     """The body of a command without Hydra (nmt-translate, nmt-serve): an NMTError becomes one line
-    `prog: error: ...` and exit status 2 (NMT_DEBUG=1 shows the traceback); Ctrl-C exits 130 quietly."""
+    `prog: error: ...` and exit status 2 (NMT_DEBUG=1 shows the traceback); Ctrl-C is `prog: interrupted`, exit 130."""
     try:
         yield
     except NMTError as e:
@@ -76,4 +87,5 @@ def command_errors(prog: str) -> Iterator[None]:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
         sys.exit(130)

@@ -18,12 +18,14 @@ also has `self_attention(text)` ((layers, heads, S, S) or None), the encoder's s
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
 
-from nmt.errors import DataError
+from nmt.atomic import atomic_path
+from nmt.errors import DataError, OutputError, write_failure
 from nmt.metrics import DEFAULT_EDGES, bleu_by_length, corpus_scores, format_number
 
 METRICS = (("BLEU", "bleu"), ("chrF", "chrf"), ("TER", "ter"))  # (label, result key)
@@ -74,9 +76,42 @@ def evaluate(
         "files": {},
     }
     if out_dir is not None:
-        write_outputs(result, Path(out_dir), sources, hypotheses, best, heatmaps, translator)
+        try:
+            write_outputs(result, Path(out_dir), sources, hypotheses, best, heatmaps, translator)
+        except OutputError as e:
+            e.result = result  # the scores are printed all the same
+            raise
     result["hypotheses"] = hypotheses
     return result
+
+
+ELSEWHERE = "choose another folder with output=..."
+
+
+def check_writable(out_dir: Path) -> None:
+    """An OutputError naming `out_dir` and the fix where no file can be written there (read-only, no permission, a
+    full disk): checked before decoding, which may take long."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out_dir / ".nmt-evaluate-check") as tmp:
+            tmp.write_bytes(b"x" * 4096)  # a few KiB, as the smallest output: an empty file fits on a full disk
+        (out_dir / ".nmt-evaluate-check").unlink()
+    except OSError as e:
+        reason, fix = write_failure(e, ELSEWHERE)
+        raise OutputError(f"{out_dir}: cannot write the evaluation's files there: {reason}; {fix}") from None
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[Path]:
+    """A temporary path to write output `path` through (nmt.atomic: the file is whole or absent); a failure is
+    an OutputError naming `path` and the fix."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            yield tmp
+    except OSError as e:
+        reason, fix = write_failure(e, ELSEWHERE)
+        raise OutputError(f"{path}: could not write it: {reason}; {fix}") from None
 
 
 def heatmap_picks(lengths: Sequence[int], k: int) -> list[int]:
@@ -100,38 +135,53 @@ def write_outputs(
     """Write the .hyp, heatmaps (and, with model.self_attention_layers > 0, the encoder's self-attention maps
     beside them: attention/<split>_<n>-self.png), BLEU-by-length figure, .md and .json files (and fill
     result["files"])."""
-    from nmt.plotting import attention_figure, bleu_by_length_figure, save_figure, self_attention_figure
+    from nmt.plotting import attention_figure, bleu_by_length_figure, self_attention_figure
 
     split = result["split"]
     out_dir.mkdir(parents=True, exist_ok=True)
     files = result["files"]
     hyp_path = out_dir / f"{split}.hyp"
-    hyp_path.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
+    with _writing(hyp_path) as tmp:
+        tmp.write_text("".join(h.replace("\n", " ") + "\n" for h in hypotheses), encoding="utf-8")
     files["hyp"] = str(hyp_path)
 
     for i in heatmap_picks([len(t.src_pieces) for t in best], heatmaps):
         t = best[i]
         title = f"{split} #{i + 1}: {sources[i][:80]}"
         fig = attention_figure(t.attention, t.src_pieces, t.tgt_pieces, title, has_alignment=translator.has_alignment)
-        path = save_figure(fig, out_dir / "attention" / f"{split}_{i + 1}.png")
+        path = _save(fig, out_dir / "attention" / f"{split}_{i + 1}.png")
         entry = {"sentence": i + 1, "source_pieces": len(t.src_pieces), "file": str(path)}
         self_attention = getattr(translator, "self_attention", None)
         weights = self_attention(sources[i]) if self_attention else None  # (layers, heads, S, S); None without
         if weights is not None:
             fig = self_attention_figure(weights, t.src_pieces, title)
-            entry["self_attention_file"] = str(save_figure(fig, out_dir / "attention" / f"{split}_{i + 1}-self.png"))
+            entry["self_attention_file"] = str(_save(fig, out_dir / "attention" / f"{split}_{i + 1}-self.png"))
         result["heatmaps"].append(entry)
 
     rows = result["by_length"]
     fig = bleu_by_length_figure({split: rows}, title=f"BLEU by source length ({split})")
-    files["bleu_by_length"] = str(save_figure(fig, out_dir / f"{split}_bleu_by_length.png"))
+    files["bleu_by_length"] = str(_save(fig, out_dir / f"{split}_bleu_by_length.png"))
 
     md_path = out_dir / f"{split}.md"
-    md_path.write_text(markdown_report(result), encoding="utf-8")
+    with _writing(md_path) as tmp:
+        tmp.write_text(markdown_report(result), encoding="utf-8")
     files["md"] = str(md_path)
     json_path = out_dir / f"{split}.json"
     files["json"] = str(json_path)
-    json_path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    with _writing(json_path) as tmp:
+        tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _save(fig, path: Path) -> Path:
+    """Figure `fig` as PNG file `path` (whole or absent; a failure is an OutputError), then closed."""
+    from nmt.plotting import close_figure
+
+    try:
+        with _writing(path) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        close_figure(fig)
+    return path
 
 
 def _decoding_line(result: dict) -> str:

@@ -239,6 +239,10 @@ def learning_curves_figure(curves: dict[str, list[dict]]) -> Figure:
     return fig
 
 
+def close_figure(fig: Figure) -> None:
+    plt.close(fig)
+
+
 def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

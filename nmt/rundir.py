@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
@@ -42,29 +45,32 @@ log = logging.getLogger(__name__)
 LOCK = ".lock"  # in the run directory: "pid <pid> on <host>" of the trainer holding it, empty once released
 FOLDERS = (".hydra", "checkpoints", "tensorboard", "valid")  # written into by a run, where they exist
 MIN_FREE = 1 << 20  # bytes a run directory's disk must have at start (.hydra/ and train.log need a few KiB)
-_held: dict[str, tuple[int, str | None]] = {}  # realpath -> (the lock file's descriptor, a takeover not yet logged)
+_held: dict[str, _Held] = {}  # realpath -> what this process holds
 
 
 def claim(run_dir: str | Path, report: bool = True) -> None:
     """Hold `run_dir` for this process until it exits, and check that the run can write there.
 
     A RunDirError when another process holds it (naming its pid) or when the directory or one of its folders
-    cannot be written (naming the path and the fix). A lock left by a process that died (kill -9) is free to the
-    kernel: it is taken over, with a warning naming the dead process. Claiming a directory this process holds
-    already does nothing, but logs a takeover that `report=False` (before logging is set up) kept back.
+    cannot be written, its disk full included (naming the path and the fix); the folders this call made are then
+    removed again. A lock left by a process that died (kill -9) is free to the kernel: it is taken over, with a
+    warning naming the dead process. Claiming a directory this process holds already does nothing, but logs a
+    takeover that `report=False` (before logging is set up) kept back.
     """
     run_dir = Path(run_dir)
     key = os.path.realpath(run_dir)
     if key in _held:
-        fd, note = _held[key]
-        if note and report:
-            log.warning("%s", note)
-            _held[key] = (fd, None)
+        held = _held[key]
+        if held.note and report:
+            log.warning("%s", held.note)
+            held.note = None
         return
+    made = _first_missing(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
+        _remove_made(run_dir, made)
         raise RunDirError(_cannot_write(run_dir, "the run directory", e)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -79,29 +85,96 @@ def claim(run_dir: str | Path, report: bool = True) -> None:
         log.warning("%s: cannot be locked (%s): nothing keeps a second trainer out", run_dir / LOCK, e.strerror)
     left = _holder(fd)
     note = f"{run_dir / LOCK}: took over the lock left by {left}, which ended without releasing it" if left else None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     if not _held:
         atexit.register(_release_all)
-    _held[key] = (fd, None if report else note)
+    _held[key] = _Held(fd, None if report else note, made)
+    try:
+        _check_room(run_dir, fd)
+    except RunDirError:
+        abandon(run_dir)
+        raise
     if note and report:
         log.warning("%s", note)
+
+
+@dataclass
+class _Held:
+    fd: int  # the lock file's descriptor
+    note: str | None  # a takeover not yet logged
+    made: Path | None  # the topmost folder the claim made (the run directory, or e.g. outputs/<date>); None: none
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of `path` (itself or a parent; absolute) that does not exist yet; None where `path` exists."""
+    path, missing = Path(os.path.abspath(path)), None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return missing
+        missing = folder
+    return missing
+
+
+def _check_room(run_dir: Path, fd: int) -> None:
+    """Write this process's pid into the lock, and check that every folder of the run can be written and that
+    the disk has room for what Hydra writes next (.hydra/, train.log), which would otherwise fail with a traceback."""
+    full = (
+        f"{run_dir}: its disk is full ({{free}} KiB free); free disk space or choose another run directory with "
+        "hydra.run.dir=..."
+    )
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise RunDirError(full.format(free=0)) from None
+        raise RunDirError(_cannot_write(run_dir / LOCK, "the lock", e)) from None
     for folder in (run_dir, *(run_dir / name for name in FOLDERS)):
         writable(folder, must_exist=False)
     disk = os.statvfs(run_dir)
-    if disk.f_bavail * disk.f_frsize < MIN_FREE:  # Hydra writes .hydra/ next, and fails with a traceback
-        raise RunDirError(
-            f"{run_dir}: its disk is full ({disk.f_bavail * disk.f_frsize // 1024} KiB free); free disk space or "
-            "choose another run directory with hydra.run.dir=..."
-        )
+    if disk.f_bavail * disk.f_frsize < MIN_FREE:
+        raise RunDirError(full.format(free=disk.f_bavail * disk.f_frsize // 1024))
 
 
 def release(run_dir: str | Path) -> None:
     """Give up a run directory this process claimed (at exit this happens by itself)."""
     held = _held.pop(os.path.realpath(run_dir), None)
     if held:
-        os.ftruncate(held[0], 0)
-        os.close(held[0])
+        with contextlib.suppress(OSError):  # a full disk: the kernel releases the lock all the same
+            os.ftruncate(held.fd, 0)
+        os.close(held.fd)
+
+
+def made_here(run_dir: str | Path) -> Path | None:
+    """The topmost folder this process's claim of `run_dir` made (`run_dir`, or a parent such as outputs/<date>),
+    while this process holds it; None where `run_dir` existed before the claim, or is not held here."""
+    held = _held.get(os.path.realpath(run_dir))
+    return held.made if held else None
+
+
+def abandon(run_dir: str | Path) -> bool:
+    """Release `run_dir`; where this process made it (`made_here`: it did not exist before the claim, so everything
+    in it was written by this process, which holds its lock), first remove it, and the folders above it that its
+    claim made and that are then empty. A directory that existed before is left as it is. Whether it was removed."""
+    run_dir = Path(run_dir)
+    made = made_here(run_dir)
+    _remove_made(run_dir, made)
+    release(run_dir)
+    return made is not None
+
+
+def _remove_made(run_dir: Path, made: Path | None) -> None:
+    """Remove `run_dir` and its parents up to `made` (the topmost folder made for it) while they are empty."""
+    if made is None:
+        return
+    run_dir = Path(os.path.abspath(run_dir))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in run_dir.parents:
+        if made != folder and made not in folder.parents:
+            break
+        try:
+            folder.rmdir()  # only where empty: another run may have been made beside it meanwhile
+        except OSError:
+            break
 
 
 def writable(folder: Path, must_exist: bool = True) -> None:

@@ -144,7 +144,7 @@ def _installed(module: str) -> bool:
 @pytest.mark.parametrize(
     "preset, plugin, launcher",
     [
-        (None, None, "hydra._internal.core_plugins.basic_launcher.BasicLauncher"),
+        (None, None, "hydra_plugins.nmt_launcher.NMTLauncher"),  # Hydra's basic launcher, claiming each job first
         ("local_parallel", "hydra_joblib_launcher", "joblib_launcher.JoblibLauncher"),
         ("slurm", "hydra_submitit_launcher", "submitit_launcher.SlurmLauncher"),
     ],

@@ -8,7 +8,9 @@
 The corpus is the one the checkpoint was trained on (its stored `data` config) unless `data=...` names
 another, which is then encoded with the checkpoint's tokenizer. The report is printed; the files
 (<split>.json/.hyp/.md, <split>_bleu_by_length.png, attention/*.png) go to `output`, by default
-<run dir>/eval. Hydra writes nothing of its own (no run directory, no log file).
+<run dir>/eval: checked writable before decoding, each file written whole or not at all; a file that cannot be
+written is one line naming it and the fix, after the report. Hydra writes nothing of its own (no run directory,
+no log file).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from nmt.cli.common import CONFIG_DIR, build_corpus, plain, typed, user_errors
 from nmt.cli.strict import strict_keys
 from nmt.device import resolve_device
-from nmt.errors import ConfigError
+from nmt.errors import ConfigError, OutputError
 
 
 def default_output(checkpoint: Path) -> Path:
@@ -34,7 +36,7 @@ def default_output(checkpoint: Path) -> Path:
 def run(cfg: DictConfig) -> dict:
     from nmt.checkpoint import load_checkpoint
     from nmt.decoding import Decoding
-    from nmt.evaluation import evaluate
+    from nmt.evaluation import check_writable, evaluate
     from nmt.metrics import check_edges
     from nmt.restore import model_from_checkpoint
     from nmt.translator import Translator
@@ -60,11 +62,12 @@ def run(cfg: DictConfig) -> dict:
             f"split={cfg.split} is not a split of corpus {corpus.name}; available: {', '.join(corpus.splits)}"
         )
 
+    out_dir = Path(cfg.output) if cfg.output else default_output(checkpoint)
+    check_writable(out_dir)  # before decoding, which may take long
     device = resolve_device(cfg.device)
     model, tokenizer = model_from_checkpoint(payload, device, path=checkpoint)
     translator = Translator(model, tokenizer, device, **asdict(decoding))
     translator.checkpoint = str(checkpoint)
-    out_dir = Path(cfg.output) if cfg.output else default_output(checkpoint)
     meta = {
         "corpus": corpus.name,
         "src_lang": corpus.src_lang,
@@ -83,7 +86,13 @@ def main(cfg: DictConfig) -> None:
 
     tune_for_decoding()  # this process only decodes (nmt/memory.py)
     with user_errors():
-        print(format_report(run(cfg)))
+        try:
+            result = run(cfg)
+        except OutputError as e:  # the scores first, then the one line on what could not be written
+            if e.result is not None:
+                print(format_report({**e.result, "files": {}}))
+            raise
+        print(format_report(result))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
   or killed (`continue_interrupted`, before Hydra makes a directory: it adds hydra.run.dir=<that run> to the
   command line). Where that run is still training (its directory's lock is held: nmt.rundir.claim) it refuses in
   one line. `trainer.resume=never` starts afresh; a run that finished is never continued.
-- A run refused before it trained (a bad corpus, a resume refused) leaves no directory of its own behind
-  (`no_empty_run_dir`).
+- A run refused or interrupted before it trained (a bad corpus, a resume refused, Ctrl-C) leaves no directory of
+  its own behind (`no_empty_run_dir`); a directory another process holds, or one that existed before, is never
+  removed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import fcntl
 import json
 import os
 import shlex
-import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from nmt.cli.strict import CommandLine
 from nmt.errors import ConfigError, NMTError
-from nmt.rundir import LOCK
+from nmt.rundir import LOCK, abandon, made_here
 
 # what a run directory holds before training starts: Hydra's record of the config, the log and the lock
 BEFORE_TRAINING = {".hydra", "train.log", LOCK}
@@ -147,13 +147,21 @@ def this_command(run_dir: Path, world_size: int) -> str | None:
 
 @contextmanager
 def no_empty_run_dir(run_dir: Path) -> Iterator[None]:
-    """A run refused with an NMTError before training leaves nothing but Hydra's record and the log in its
-    directory: remove that directory, so a failed attempt does not look like a run."""
+    """A run refused (an NMTError) or interrupted (Ctrl-C) before it trained leaves no directory of its own behind
+    (`forget_unused`), so that a failed attempt does not look like a run."""
     try:
         yield
-    except NMTError:
-        here = Path.cwd().resolve()
-        ours = run_dir.resolve() != here and run_dir.resolve() not in here.parents  # never the folder we stand in
-        if ours and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= BEFORE_TRAINING:
-            shutil.rmtree(run_dir, ignore_errors=True)
+    except (NMTError, KeyboardInterrupt):
+        forget_unused(run_dir)
         raise
+
+
+def forget_unused(run_dir: Path) -> None:
+    """Remove `run_dir` where this process made it (nmt.rundir.made_here: it did not exist before this command
+    claimed it, and this process holds its lock, so nothing in it is another's) and it holds nothing but Hydra's
+    record, the log and the lock; outputs/<date>/ goes too where it was made for it and is then empty. A directory
+    that existed before (a run resumed there, another trainer's) is never removed, nor the folder we stand in."""
+    here = Path.cwd().resolve()
+    ours = run_dir.resolve() != here and run_dir.resolve() not in here.parents
+    if ours and made_here(run_dir) and run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= BEFORE_TRAINING:
+        abandon(run_dir)

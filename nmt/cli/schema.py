@@ -21,6 +21,7 @@ import inspect
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
 from enum import Enum
+from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any
 
@@ -153,6 +154,18 @@ def register() -> None:
         store.store(group="schema", name=f"attention_{name}", node=attention_schema(name))
     for name in LOADERS:
         store.store(group="schema", name=f"data_{name}", node=data_schema(name))
+    register_launcher(store)
+
+
+def register_launcher(store: ConfigStore) -> None:
+    """hydra/launcher=nmt_basic (configs/launcher/sequential.yaml): nmt.cli.launcher.ClaimingLauncher, as
+    hydra_plugins/nmt_launcher names it (Hydra takes launchers from its hydra_plugins package only)."""
+    store.store(group="hydra/launcher", name="nmt_basic", node={"_target_": "hydra_plugins.nmt_launcher.NMTLauncher"})
+    import hydra_plugins  # a namespace package; an editable install's finder hides its folder from Hydra's scan
+
+    here = str(Path(__file__).resolve().parents[2] / "hydra_plugins")
+    if Path(here, "nmt_launcher").is_dir() and here not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(here)
 
 
 def schema_of(group: str, name: str | None = None) -> type:

@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from nmt.cli.common import compose_config
+from nmt.cli.interrupt import running
 from nmt.errors import ConfigError, NMTError, first_line
 
 COMMANDS = {"train": "nmt-train", "evaluate": "nmt-evaluate", "prepare": "nmt-prepare"}
@@ -59,14 +60,15 @@ def strict_keys(
     def wrap(hydra_main: Callable[[], None]) -> Callable[[], None]:
         @functools.wraps(hydra_main)
         def main() -> None:
-            try:
-                line = check_command_line(config_name, sys.argv[1:])
-                if line is not None and then is not None:
-                    sys.argv.extend(then(line))
-            except NMTError as e:
-                print(f"error: {e}", file=sys.stderr)
-                sys.exit(2)
-            hydra_main()
+            with running(COMMANDS.get(config_name, config_name)):  # Ctrl-C: one line, exit 130 (nmt.cli.interrupt)
+                try:
+                    line = check_command_line(config_name, sys.argv[1:])
+                    if line is not None and then is not None:
+                        sys.argv.extend(then(line))
+                except NMTError as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    sys.exit(2)
+                hydra_main()
 
         return main
 

@@ -29,6 +29,7 @@ import argparse
 from pathlib import Path
 
 from nmt.cli.common import build_corpus, user_errors
+from nmt.cli.interrupt import running
 from nmt.device import resolve_device
 from nmt.errors import ConfigError
 
@@ -139,6 +140,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    with running("nmt-study"):  # Ctrl-C: one line, exit 130 (nmt.cli.interrupt)
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     from nmt.study.tables import decoding_text, interaction_markdown, paired_markdown, windows_markdown
 
     args = parse_args(argv)

@@ -210,6 +210,13 @@ def translate(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from nmt.cli.interrupt import running
+
+    with running("nmt-translate"):  # Ctrl-C: one line, exit 130 (nmt.cli.interrupt)
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     args = parse_args(argv)
     logging.basicConfig(format="nmt-translate: warning: %(message)s", level=logging.WARNING)
     from nmt.errors import command_errors
