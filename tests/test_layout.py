@@ -32,7 +32,7 @@ def test_the_trainer_class_and_its_init_stay_small():
 
 
 def test_every_package_of_nmt_is_installed():
-    listed = re.search(r"^packages = \[(.*)\]$", PYPROJECT.read_text(encoding="utf-8"), re.M)
+    listed = re.search(r"^packages = \[(.*?)\]$", PYPROJECT.read_text(encoding="utf-8"), re.M | re.S)
     installed = set(re.findall(r'"([\w.]+)"', listed.group(1)))
     packages = {".".join(("nmt", *p.parent.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("__init__.py")}
     assert "nmt.trainer" in packages and packages <= installed, packages - installed
