@@ -202,9 +202,7 @@ def test_seed_cell_by_hand():
     draws = [(_sacrebleu(BASE, REFS, row) + _sacrebleu(SYS, REFS, row)) / 2 for row in COUNTS]
     low, high = np.percentile(draws, [2.5, 97.5])
     cell = seed_cell(outputs, weights)
-    assert (
-        cell["bleu"] == pytest.approx(mean) and cell["seeds"] == 2 and cell["seed_bleu"] == pytest.approx(per_seed)
-    )
+    assert cell["bleu"] == pytest.approx(mean) and cell["seeds"] == 2 and cell["seed_bleu"] == pytest.approx(per_seed)
     assert cell["ci_seeds"] == pytest.approx([mean - half, mean + half], abs=0.002)
     assert cell["ci_test"] == pytest.approx([low, high])
     assert (cell["low"], cell["high"], cell["interval"]) == (*cell["ci_seeds"], "seeds")
