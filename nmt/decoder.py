@@ -206,18 +206,23 @@ class Decoder(nn.Module):
         rows: Tensor | None = None,
         tgt_lengths: Tensor | None = None,
         logits: bool = True,
-    ) -> tuple[Tensor, Tensor]:
+        positions: Tensor | None = None,
+        weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
         """Teacher forcing: tgt_in (B, T) -> (logits (B, T, V), weights (B, T, S)).
 
         With `rows` (N,), flat indices into the B x T positions (nmt.loss.loss_rows), the output layer runs
         on those positions only and the logits are (N, V), in the order of `rows`. `tgt_lengths` (B,), on the
         host, the targets' lengths (nmt.data.Batch): the loop's rows are then counted from them (active_rows),
         with nothing read back from tgt_in's device. With `logits=False` the output layer's input h~ comes
-        back instead of its output ((B, T, H) or (N, H)): nmt.loss.output_loss_sum runs the layer itself."""
-        attn_h, weights = self._attentional_states(tgt_in, state, keys, values, mask, tgt_lengths)
+        back instead of its output ((B, T, H) or (N, H)): nmt.loss.output_loss_sum runs the layer itself.
+        `positions` (N,), on tgt_in's device: the loop's rows' places (nmt.layout), made by the feed, where the
+        loop would otherwise copy them from the host. `weights=False` (training): None for the weights, which
+        the loop then never lays out."""
+        attn_h, attn = self._attentional_states(tgt_in, state, keys, values, mask, tgt_lengths, positions, weights)
         if rows is not None:
             attn_h = attn_h.reshape(-1, attn_h.size(-1)).index_select(0, rows)  # (N, H)
-        return (self.output(attn_h) if logits else attn_h), weights
+        return (self.output(attn_h) if logits else attn_h), (attn if weights else None)
 
     def _attentional_states(
         self,
@@ -227,8 +232,11 @@ class Decoder(nn.Module):
         values: Tensor,
         mask: Tensor,
         tgt_lengths: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """h~_t for every step, teacher-forced: tgt_in (B, T) -> (h~ (B, T, H), weights (B, T, S))."""
+        positions: Tensor | None = None,
+        need_weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
+        """h~_t for every step, teacher-forced: tgt_in (B, T) -> (h~ (B, T, H), weights (B, T, S)); the
+        step-by-step loop leaves the weights out (None) where they are not needed."""
         emb = self.dropout(self.embed(tgt_in))  # (B, T, E)
         if self.query == "current" and not self.input_feeding:
             # no step depends on the previous step's attention: one LSTM call, then attend everywhere at once
@@ -246,6 +254,11 @@ class Decoder(nn.Module):
         state = _fp32_cells(state)
         multiple = STEP_ROW_MULTIPLE if autocast_dtype(tgt_in.device.type) is not None else 1
         active = active_rows(tgt_in, multiple, tgt_lengths)  # rows computed at each step (B while none has ended)
+        if positions is not None and positions.numel() != sum(active):  # shapes only: nothing read from it
+            raise ValueError(
+                f"the batch's layout has {positions.numel()} loop rows, the loop {sum(active)}: "
+                "made for another step multiple (nmt.layout.batch_layout)"
+            )
         if self.input_feeding and self.query == "current":  # Luong's order with input feeding: one node where it runs
             dropout = partial(self.dropout.mask, dtype=torch.float32)
             v = self.attention.additive_v()
@@ -254,7 +267,8 @@ class Decoder(nn.Module):
                 x0 = self._inputs(emb.flatten(0, 1).index_select(0, plan.positions), params)
                 attn_h, weights = feed_loop(plan, x0, state.h, state.c, state.feed, keys, values)  # (N, H), (N, S)
                 T = tgt_in.size(1)
-                return _unpack([attn_h], active, T, plan.positions), _unpack([weights], active, T, plan.positions)
+                laid = _unpack([weights], active, T, plan.positions) if need_weights else None
+                return _unpack([attn_h], active, T, plan.positions), laid
         x0_all = self._inputs(emb, params)  # (B, T, 4H)
         if not self.input_feeding and self.query == "previous":  # RNNsearch: the loop as one node where it runs
             loop = decoder_loop(
@@ -263,7 +277,9 @@ class Decoder(nn.Module):
             if loop is not None:
                 context, out, weights = loop  # (N, D), (N, H), (N, S)
                 attn_h = self._attentional(self.combine, context, out)  # (N, H)
-                return _unpack([attn_h], active, tgt_in.size(1)), _unpack([weights], active, tgt_in.size(1))
+                T = tgt_in.size(1)
+                laid = _unpack([weights], active, T, positions) if need_weights else None
+                return _unpack([attn_h], active, T, positions), laid
         outputs, contexts, all_weights = [], [], []
         for x0, n in zip(x0_all.unbind(1), active, strict=True):  # unbind: one backward
             if n < state.feed.size(0):  # the sentences from row n on have ended: go on without them
@@ -280,7 +296,10 @@ class Decoder(nn.Module):
             all_weights.append(weights)
         if not self.input_feeding:  # (N, D), (N, H) -> h~ (N, H), N the rows computed over all steps
             outputs = [self._attentional(self.combine, torch.cat(contexts), torch.cat(outputs))]
-        return _unpack(outputs, active, tgt_in.size(1)), _unpack(all_weights, active, tgt_in.size(1))
+        T = tgt_in.size(1)
+        return _unpack(outputs, active, T, positions), (
+            _unpack(all_weights, active, T, positions) if need_weights else None
+        )
 
 
 STEP_ROW_MULTIPLE = 8  # under autocast, rows per step rounded up to this: a few matmul shapes (nmt.shapes)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # operators that wait for the device on a GPU (see the module docstring)
@@ -52,3 +54,39 @@ class DispatchCount(TorchDispatchMode):
     @property
     def reads(self) -> dict[str, int]:
         return {name: n for name, n in self.by_op.items() if name in READS}
+
+
+class HostSyncs(TorchDispatchMode):
+    """Records, inside `with`, every operator that on a GPU would make the host wait for the device or stall
+    the device's queue: a READS operator or `is_nonzero` on a device tensor (host tensors are free to read),
+    a copy from host memory to a device (inside a step a copy from ordinary memory waits; the feed,
+    nmt.device_batches, starts the step's copies from pinned memory before it) and a page-locked allocation
+    (`pin_memory`, which waits for the device to allocate). On the meta device, whose tensors hold no data,
+    a CPU runs a GPU step's operators and this names what the GPU would wait on.
+
+        with HostSyncs() as syncs:
+            loss.backward()
+        assert not syncs.found, syncs.found   # [(why, operator), ...]
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        on_device = [t for t in tensors if t.device.type != "cpu"]
+        if name in (*READS, "is_nonzero") and on_device:
+            self.found.append(("reads a device tensor", name))
+        elif name in ("_pin_memory", "pin_memory"):
+            self.found.append(("allocates pinned memory", name))
+        elif name == "_to_copy" and tensors and tensors[0].device.type == "cpu":
+            target = kwargs.get("device")
+            if target is not None and torch.device(target).type != "cpu":
+                self.found.append(("copies from the host", name))
+        elif name == "copy_" and len(tensors) >= 2 and tensors[0].device.type != "cpu":
+            if tensors[1].device.type == "cpu" and tensors[1].dim() > 0:  # a 0-dim host scalar is an argument
+                self.found.append(("copies from the host", name))
+        return func(*args, **kwargs)

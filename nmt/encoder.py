@@ -75,8 +75,9 @@ class Encoder(nn.Module):
                     self_attention_layers, self_attention_heads, self.output_size, dropout
                 )
 
-    def forward(self, src: Tensor, lengths: Tensor) -> EncoderOutput:
-        """src (B, S) ids, lengths (B,) real lengths on the CPU -> EncoderOutput."""
+    def forward(self, src: Tensor, lengths: Tensor, order: Tensor | None = None) -> EncoderOutput:
+        """src (B, S) ids, lengths (B,) real lengths on the CPU -> EncoderOutput. `order` (B,), on src's device:
+        the sentences by length, longest first, where the caller has it there (nmt.layout); else made here."""
         B, S = src.shape
         mask = src != PAD_ID  # (B, S)
         x = self.dropout(self.embed(src))  # (B, S, E)
@@ -88,7 +89,7 @@ class Encoder(nn.Module):
         elif x.device.type == "cpu" and n_lengths <= MAX_LENGTH_GROUPS:
             states, (h, c) = self._by_length(x, lengths)
         else:
-            packed_states, (h, c) = self.rnn(_pack(x, lengths.cpu()))
+            packed_states, (h, c) = self.rnn(_pack(x, lengths.cpu(), order))
             states = _unpack(packed_states, S)  # (B, S, D)
         # contiguous once here: the unpacked LSTM's batch_first output is a transposed (S, B, D) buffer, and a
         # decoder step's kernel (nmt.kernels.additive_step) or search step would otherwise copy it at every step
@@ -98,12 +99,13 @@ class Encoder(nn.Module):
             # the top layer's final state, [fwd at the last real token; bwd at the first token]
             return EncoderOutput(states, final_h, final_c, mask, final_h[-1])
         states, weights = self.self_attention(states, mask)  # (B, S, D), [(B, N, S, S)]
-        return EncoderOutput(states, final_h, final_c, mask, self._summary(states, lengths), tuple(weights))
+        return EncoderOutput(states, final_h, final_c, mask, self._summary(states, mask), tuple(weights))
 
-    def _summary(self, states: Tensor, lengths: Tensor) -> Tensor:
+    def _summary(self, states: Tensor, mask: Tensor) -> Tensor:
         """(B, D) read from `states` (B, S, D) where the LSTM's final states stand: the forward half at the last
-        real token, the backward half at the first."""
-        last = (to_device(lengths, states.device) - 1).clamp(min=0)  # (B,)
+        real token, the backward half at the first. The lengths are counted in the mask (B, S) on the device:
+        the host's, copied here, would make a GPU's host wait."""
+        last = (mask.sum(dim=1) - 1).clamp(min=0)  # (B,)
         at_last = states[torch.arange(states.size(0), device=states.device), last]  # (B, D)
         if self.directions == 1:
             return at_last
@@ -142,12 +144,13 @@ def _lstm(rnn: nn.LSTM, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     return encoder_lstm(rnn, x) or run_lstm(rnn, x)
 
 
-def _pack(x: Tensor, lengths: Tensor) -> PackedSequence:
+def _pack(x: Tensor, lengths: Tensor, order: Tensor | None = None) -> PackedSequence:
     """pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False), the same sequence, with its
-    order (from `lengths`, on the host) copied to x's device without waiting (nmt.device_plan.to_device): torch's
-    own copy waits for the device, a host synchronisation in a GPU's training step."""
-    lengths, order = torch.sort(lengths, descending=True)  # as pack_padded_sequence sorts
-    order = to_device(order, x.device)
+    order (from `lengths`, on the host) on x's device: `order` where given (the feed copied it ahead,
+    nmt.layout), else copied now without waiting (nmt.device_plan.to_device): torch's own copy waits for the
+    device, a host synchronisation in a GPU's training step."""
+    lengths, host_order = torch.sort(lengths, descending=True)  # as pack_padded_sequence sorts
+    order = to_device(host_order, x.device) if order is None else order
     packed = pack_padded_sequence(x.index_select(0, order), lengths, batch_first=True)
     return PackedSequence(packed.data, packed.batch_sizes, order, invert_permutation(order))
 

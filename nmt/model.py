@@ -20,6 +20,7 @@ from nmt.choices import Bridge, Query
 from nmt.decoder import Decoder, DecoderState
 from nmt.device import step_dtype
 from nmt.encoder import Encoder, EncoderOutput
+from nmt.layout import BatchLayout
 
 # A change after which a checkpoint's weights no longer fit this code bumps nmt.checkpoint.MODEL_VERSION.
 
@@ -106,9 +107,12 @@ class Seq2Seq(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def encode(self, src: Tensor, lengths: Tensor) -> tuple[EncoderOutput, Tensor, Tensor, DecoderState]:
-        """Encode and set up decoding: (encoder output, attention keys, values, initial decoder state)."""
-        enc = self.encoder(src, lengths)
+    def encode(
+        self, src: Tensor, lengths: Tensor, order: Tensor | None = None
+    ) -> tuple[EncoderOutput, Tensor, Tensor, DecoderState]:
+        """Encode and set up decoding: (encoder output, attention keys, values, initial decoder state); `order`:
+        the packed encoder's order on src's device, where the feed made it (nmt.layout)."""
+        enc = self.encoder(src, lengths, order)
         keys, values = self.attention.prepare(enc.states, enc.summary)
         dtype = step_dtype(src.device.type)
         if dtype is not None:  # keys and values feed a product at every step: cast them once, not once per step
@@ -125,10 +129,16 @@ class Seq2Seq(nn.Module):
         rows: Tensor | None = None,
         tgt_lengths: Tensor | None = None,
         logits: bool = True,
-    ) -> tuple[Tensor, Tensor]:
+        layout: BatchLayout | None = None,
+        weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced logits (B, T, V) and attention weights (B, T, S); with `rows` (N,) the logits of
         those flat target positions only, (N, V) (nmt.loss.loss_rows: the loss's positions). `lengths` and
         `tgt_lengths` (B,), on the host: the sources' and targets' real lengths (tgt_lengths: counted from
-        tgt_in when not given). `logits=False`: the output layer's input instead of the logits (H, not V)."""
-        enc, keys, values, state = self.encode(src, lengths)
-        return self.decoder(tgt_in, state, keys, values, enc.mask, rows, tgt_lengths, logits)
+        tgt_in when not given). `logits=False`: the output layer's input instead of the logits (H, not V).
+        `layout` (nmt.layout): the batch's index tensors on the device, made by the feed, so that the step copies
+        nothing from the host; `weights=False`: None for the weights (training reads none)."""
+        order = None if layout is None else layout.src_order
+        positions = None if layout is None else layout.loop_positions
+        enc, keys, values, state = self.encode(src, lengths, order)
+        return self.decoder(tgt_in, state, keys, values, enc.mask, rows, tgt_lengths, logits, positions, weights)

@@ -77,10 +77,13 @@ def test_the_feed_pins_its_batches_and_copies_them_to_the_gpu(mixed):
 
     split, group = mixed.encoded["train"], [list(range(0, 9)), list(range(9, 20))]
     feed = DeviceBatches(CUDA, torch.device("cuda"))
-    assert all(batch.src.is_pinned() and rows.is_pinned() for batch, rows in feed._prepare(split, group))
+    prepared = feed._prepare(split, group)
+    assert all(batch.src.is_pinned() and rows.is_pinned() for batch, rows, _ in prepared)
+    assert all(layout.src_order.is_pinned() and layout.loop_positions.is_pinned() for _, _, layout in prepared)
     taken = feed.take(split, group, [[list(range(20, 30))]])
-    for (batch, rows), indices in zip(taken, group, strict=True):
+    for (batch, rows, layout), indices in zip(taken, group, strict=True):
         assert batch.src.device.type == rows.device.type == "cuda" and batch.src_lengths.device.type == "cpu"
+        assert layout.src_order.device.type == layout.loop_positions.device.type == "cuda"
         assert torch.equal(batch.tgt_in.cpu(), collate(split, indices).tgt_in)
 
 

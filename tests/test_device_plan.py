@@ -172,7 +172,8 @@ def test_the_feed_gives_collates_batches_and_loss_rows_prepared_ahead_or_not(dat
         for s, group, upcoming in asked:
             taken = feed.take(s, group, upcoming)
             assert len(taken) == len(group)
-            for (batch, rows), indices in zip(taken, group, strict=True):
+            for (batch, rows, layout), indices in zip(taken, group, strict=True):
+                assert layout is None  # the host is the device: the model lays the batch out itself
                 expected = collate(s, indices)
                 assert batch.indices.tolist() == indices
                 for name in ("src", "src_lengths", "tgt_in", "tgt_out", "tgt_lengths"):

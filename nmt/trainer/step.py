@@ -21,9 +21,11 @@ import torch
 import torch.distributed as dist
 
 from nmt.data import Batch, EncodedSplit
+from nmt.decoder import STEP_ROW_MULTIPLE
 from nmt.device_batches import DeviceBatches
 from nmt.device_plan import DevicePlan, choose_plan, imposed
 from nmt.errors import NMTError
+from nmt.layout import BatchLayout
 from nmt.loss import loss_sum, output_loss_sum
 from nmt.model import Seq2Seq
 from nmt.plan import plan_for_training
@@ -67,7 +69,7 @@ class TrainingStep:
         """Train with `plan` (nmt.device_plan): how a step's work is cut, how its batches are fed, and when its
         numbers are read."""
         self.plan, self.numbers = plan, StepNumbers(plan.deferred_checks)
-        self.batches = DeviceBatches(plan, self.device)
+        self.batches = DeviceBatches(plan, self.device, STEP_ROW_MULTIPLE if self.amp == "bf16" else 1)
 
     def __call__(
         self, split: EncodedSplit, group: list[list[int]], upcoming: list, group_tokens: int, taken: int
@@ -81,8 +83,8 @@ class TrainingStep:
         loss_total, n_sent = torch.zeros((), device=self.device), 0
         with imposed(self.plan.work):  # the loss's and the energy's pieces (nmt.device_plan)
             # each batch on the device with its loss rows, the real target positions and a few padded ones: (N,)
-            for batch, rows in self.batches.take(split, group, upcoming):
-                loss = self.batch_loss(batch, rows)
+            for batch, rows, layout in self.batches.take(split, group, upcoming):
+                loss = self.batch_loss(batch, rows, layout)
                 # DDP averages gradients over ranks; scaling by world_size makes that a sum over the global batch
                 (loss * self.world_size / group_tokens).backward()
                 loss_total += loss.detach()
@@ -105,12 +107,15 @@ class TrainingStep:
         self.last_grad_norm = self.numbers.value(grad_norm)
         return self.numbers.value(loss_total), group_tokens, n_sent * self.world_size
 
-    def batch_loss(self, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
+    def batch_loss(self, batch: Batch, rows: torch.Tensor, layout: BatchLayout | None = None) -> torch.Tensor:
         """One batch's summed loss over its loss rows (N,) (nmt.loss.rows_of_lengths), as training takes it:
-        under the run's autocast, and in fp32 on a CPU with the output layer inside the loss (`output_in_loss`)."""
+        under the run's autocast, and in fp32 on a CPU with the output layer inside the loss (`output_in_loss`);
+        `layout`: the batch's index tensors on the device (nmt.layout), where the feed made them."""
         target, fused = batch.tgt_out.reshape(-1)[rows], self.output_in_loss  # (N,)
         with self.autocast():
-            out, _ = self.model(batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths, not fused)
+            out, _ = self.model(
+                batch.src, batch.src_lengths, batch.tgt_in, rows, batch.tgt_lengths, not fused, layout, False
+            )
         if fused:  # out: the output layer's input (N, H)
             return output_loss_sum(out, self.module.decoder.output, target, self.cfg.label_smoothing)
         return loss_sum(out, target, self.cfg.label_smoothing)  # out: the logits (N, V)
