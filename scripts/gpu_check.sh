@@ -5,6 +5,7 @@
 # run there, one script each way.
 #
 #   bash scripts/gpu_check.sh prepare [BASE]   # here: .device/ (git-ignored) with wheels, data and its cache
+#   bash scripts/gpu_check.sh dryrun           # here: the carried wheels installed offline, cuda tests collected
 #   bash scripts/gpu_check.sh run [STAGE ...]  # there, from the tree's root: writes $OUT/*.json (or .device/out)
 #
 # prepare builds wheels of a base version (BASE, default 4d8cc21: the code before the per-device step) and of
@@ -13,18 +14,20 @@
 # that neither code trains a tokenizer there (the cache is the same for both: nmt/data.py's key).
 # Everything goes under .device/ (a few MB): hand it over with the device tool's carry [".device"].
 #
-# run's stages, in this order by default, each writing its JSON as soon as it has it (so a run cut short by its
-# time limit keeps what it measured):
+# run's stages, in this order by default, each writing its files as soon as it has them (so a run cut short by
+# its time limit keeps what it measured); every stage finishes well inside one 10-minute call, and no call of
+# one or two stages writes more than the 8 files the device tool brings back:
 #   steps  scripts/gpu_steps.py with the base version, then HEAD's, at 2,000 and 16,000 tokens (about 4 minutes):
-#          steps_base.json, steps_new.json (sentences/s, ms a step, kernel launches, GPU-busy fraction, memory)
-#   tests  python -m pytest -m cuda tests/test_cuda.py with HEAD's code (sync debug mode "error" around steps):
-#          tests.txt
+#          steps_base.json, steps_new.json (sentences/s, median ms a step after the warm-up, kernel launches,
+#          GPU-busy fraction, memory), their logs in steps.txt
+#   tests  pytest -m cuda tests/test_cuda.py with HEAD's code, the project's pytest options left out (the GPU
+#          machine's pytest may lack xdist): sync debug mode "error" around 50 steps (about 2 minutes): tests.txt
 #   bleu   scripts/benchmark.py with experiment=multi30k_deen_gpu (150 s of training, greedy and beam 5 on
-#          test2016) with HEAD's code (about 4 minutes): bleu_gpu_preset.json
-# A stage that fails is named in failures.txt and the next one runs. With the device tool (15 minutes of device
-# time, the machine's start included): command "bash scripts/gpu_check.sh run steps tests", carry [".device"],
-# timeout_s 420; then, if time is left, "bash scripts/gpu_check.sh run bleu" (timeout_s 360). Commit the JSON
-# under docs/benchmark/ (device: cuda).
+#          test2016) with HEAD's code (about 5 minutes): bleu_gpu_preset.json, bleu.txt
+# Besides: gpu.txt (nvidia-smi) and failures.txt (a stage that fails is named there and the next one runs).
+# With the device tool (15 minutes of device time, the machine's start included): first
+# "bash scripts/gpu_check.sh run steps tests", carry [".device"], timeout_s 480; then, if time is left,
+# "bash scripts/gpu_check.sh run bleu" (timeout_s 420). Commit the JSON under docs/benchmark/ (device: cuda).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,6 +63,20 @@ install() { # $1: base or new -> /tmp/site-$1, hydra and friends in /tmp/site-de
         .device/whl/"$1"/*.whl
 }
 
+# pytest without the project's addopts (-n 2 and options of the pytest-xdist version CI installs)
+pytest_opts=(-q -rs -p no:cacheprovider -o addopts=)
+
+dryrun() { # here: what `run` installs there, from the carried wheels alone, into a clean target
+    local site
+    site=$(mktemp -d)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .device/whl/deps/*.whl \
+        .device/whl/new/*.whl
+    PYTHONPATH=$site python3 -c "import hydra, omegaconf, nmt; assert nmt.__file__.startswith('$site'), nmt.__file__"
+    PYTHONPATH=$site python3 -m pytest "${pytest_opts[@]}" --collect-only -m cuda tests/test_cuda.py | tail -n 3
+    rm -rf "$site"
+    echo "dry run: the wheels install offline and the cuda tests collect"
+}
+
 run() {
     local out=${OUT:-.device/out}
     local stages=("$@")
@@ -73,15 +90,16 @@ run() {
         steps)
             for name in base new; do
                 install "$name"
+                echo "== $name" >>"$out/steps.txt"
                 PYTHONPATH=/tmp/site-$name:/tmp/site-deps python3 scripts/gpu_steps.py --label "$name" \
-                    --out "$out/steps_$name.json" -- "${data[@]}" >"$out/steps_$name.txt" 2>&1 ||
+                    --out "$out/steps_$name.json" -- "${data[@]}" >>"$out/steps.txt" 2>&1 ||
                     echo "steps $name: exit $?" >>"$out/failures.txt"
-                tail -n 5 "$out/steps_$name.txt"
+                tail -n 5 "$out/steps.txt"
             done
             ;;
         tests)
             install new
-            PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 -m pytest -q -n 0 -m cuda -rs tests/test_cuda.py \
+            PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 -m pytest "${pytest_opts[@]}" -m cuda tests/test_cuda.py \
                 >"$out/tests.txt" 2>&1 || echo "tests: exit $?" >>"$out/failures.txt"
             tail -n 30 "$out/tests.txt"
             ;;
@@ -100,6 +118,7 @@ run() {
 
 case ${1:-} in
 prepare) shift && prepare "$@" ;;
+dryrun) dryrun ;;
 run) shift && run "$@" ;;
-*) sed -n '2,25p' "$0" && exit 2 ;;
+*) sed -n '2,30p' "$0" && exit 2 ;;
 esac

@@ -36,7 +36,7 @@ def mixed(data):  # noqa: F811
 
 def test_training_steps_never_make_the_host_wait(mixed, tmp_path):
     """Under torch.cuda.set_sync_debug_mode("error") every synchronising call (.item(), a copy that waits, ...)
-    raises: bf16 steps of mixed source lengths after two warm-up steps (first-use allocations) raise none."""
+    raises: 50 bf16 steps of mixed source lengths after two warm-up steps (first-use allocations) raise none."""
     trainer = trainer_of(mixed, tmp_path, CUDA, 2000, device="cuda", amp="bf16", bucketing="sorted")
     groups = trainer._groups(0)
     for pos in range(2):
@@ -45,9 +45,9 @@ def test_training_steps_never_make_the_host_wait(mixed, tmp_path):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for pos in range(2, 6):
-            trainer.batch_pos = pos
-            loss, _, _ = trainer._train_step(groups[pos])
+        for pos in range(2, 52):
+            trainer.batch_pos = pos % len(groups)
+            loss, _, _ = trainer._train_step(groups[pos % len(groups)])
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.is_tensor(loss) and loss.device.type == "cuda" and torch.isfinite(loss)
