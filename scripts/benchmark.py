@@ -797,9 +797,11 @@ def main(argv: list[str] | None = None) -> int:
         "device": device,
         "allocator": tune_allocator(),  # nmt/memory.py's settings (empty: none applied)
     }
-    log.info("matmul rate: %.1f s of %d^3 torch.mm", args.matmul_seconds, 512)
-    report["matmul"] = matmul_rate(args.threads, args.matmul_seconds)
-    report["matmul_bf16"] = matmul_rate(args.threads, args.matmul_seconds, dtype=torch.bfloat16)
+    # the yardstick on the device that trains: a GPU's own rate (4096^3, where 512^3 leaves it mostly idle)
+    mm = {"n": 4096, "device": device} if torch.device(device).type == "cuda" else {}
+    log.info("matmul rate: %.1f s of %d^3 torch.mm on %s", args.matmul_seconds, mm.get("n", 512), device)
+    report["matmul"] = matmul_rate(args.threads, args.matmul_seconds, **mm)
+    report["matmul_bf16"] = matmul_rate(args.threads, args.matmul_seconds, dtype=torch.bfloat16, **mm)
 
     data = None
     if args.skip_train:
@@ -809,9 +811,9 @@ def main(argv: list[str] | None = None) -> int:
         report["train"], checkpoint, data = train(cfg, work / "run", device)
         corpus = data.corpus
         log.info("matmul rate again, right after training")
-        report["matmul_after"] = matmul_rate(args.threads, args.matmul_seconds)
+        report["matmul_after"] = matmul_rate(args.threads, args.matmul_seconds, **mm)
         if report["train"]["amp"] == "bf16":
-            report["matmul_bf16_after"] = matmul_rate(args.threads, args.matmul_seconds, dtype=torch.bfloat16)
+            report["matmul_bf16_after"] = matmul_rate(args.threads, args.matmul_seconds, dtype=torch.bfloat16, **mm)
     pairs = corpus.splits[TEST_SPLIT]
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     report["decode"] = {"split": TEST_SPLIT, "corpus": corpus.name, "checkpoint": str(checkpoint)}

@@ -71,8 +71,8 @@ dryrun() { # here: what `run` installs there, from the carried wheels alone, int
     site=$(mktemp -d)
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .device/whl/deps/*.whl \
         .device/whl/new/*.whl
-    PYTHONPATH=$site python3 -c "import hydra, omegaconf, nmt; assert nmt.__file__.startswith('$site'), nmt.__file__"
-    PYTHONPATH=$site python3 -m pytest "${pytest_opts[@]}" --collect-only -m cuda tests/test_cuda.py | tail -n 3
+    PYTHONPATH=$site python3 -P -c "import hydra, omegaconf, nmt; assert nmt.__file__.startswith('$site'), nmt.__file__"
+    PYTHONPATH=$site python3 -P -m pytest "${pytest_opts[@]}" --collect-only -m cuda tests/test_cuda.py | tail -n 3
     rm -rf "$site"
     echo "dry run: the wheels install offline and the cuda tests collect"
 }
@@ -99,7 +99,7 @@ run() {
             ;;
         tests)
             install new
-            PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 -m pytest "${pytest_opts[@]}" -m cuda tests/test_cuda.py \
+            PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 -P -m pytest "${pytest_opts[@]}" -m cuda tests/test_cuda.py \
                 >"$out/tests.txt" 2>&1 || echo "tests: exit $?" >>"$out/failures.txt"
             tail -n 30 "$out/tests.txt"
             ;;

@@ -8,8 +8,9 @@ test, one after the other on the same GPU. It uses only what both versions have:
     PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 scripts/gpu_steps.py --label new --out new.json \\
         -- data.root=.device/data/multi30k paths.data_dir=.device/data
 
-For each --tokens batch size: --warmup steps, then --steps steps timed with the device synchronised before and
-after (sentences/s, target tokens/s, ms a step); then 3 steps under torch.profiler (kernel launches a step,
+For each --tokens batch size: --warmup steps, the --steps steps once untimed (so that every shape they have was
+seen), then the same steps timed with the device synchronised before and after (sentences/s, target tokens/s,
+ms a step) and each step between CUDA events (the median and the range); then 3 steps under torch.profiler (kernel launches a step,
 GPU-busy time against wall time) and 3 under a dispatch counter (operators a step, and those that are not
 views); torch.cuda.max_memory_allocated; and collate's time a batch on the host. The JSON also records the GPU's
 name, its 4096^3 bf16 and fp32 matmul rates, torch, and --label. `--device cpu` runs the same on a CPU (the
@@ -79,29 +80,54 @@ def matmul_tflops(device: str, dtype: torch.dtype, n: int = 4096, calls: int = 2
     return round(2 * n**3 * calls / (time.perf_counter() - start) / 1e12, 2)
 
 
-def run_steps(trainer, groups: list, start: int, count: int) -> int:
-    """Steps start..start+count-1 of `groups` (wrapping around); returns the sentences trained on."""
+def run_steps(trainer, groups: list, start: int, count: int, marks: list | None = None) -> int:
+    """Steps start..start+count-1 of `groups` (wrapping around); returns the sentences trained on. With `marks`,
+    a mark is appended before the first step and after each (a CUDA event on a GPU, recorded without waiting;
+    a clock reading on a CPU)."""
     sentences = 0
     for k in range(count):
+        if marks is not None and k == 0:
+            marks.append(mark(trainer.device))
         pos = (start + k) % len(groups)
         trainer.batch_pos = pos
         trainer._train_step(groups[pos])
         sentences += sum(map(len, groups[pos]))
+        if marks is not None:
+            marks.append(mark(trainer.device))
     return sentences
+
+
+def mark(device: torch.device):
+    if device.type == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def step_ms(marks: list) -> list[float]:
+    """Each step's milliseconds between consecutive marks (read after the device was synchronised)."""
+    if isinstance(marks[0], float):
+        return [1000 * (b - a) for a, b in zip(marks, marks[1:], strict=False)]
+    return [a.elapsed_time(b) for a, b in zip(marks, marks[1:], strict=False)]
 
 
 def measure(cfg, device: str, warmup: int, steps: int, work: Path) -> dict:
     trainer = build_run(cfg, work, device)
     groups, split = trainer._groups(0), trainer.train_split
     run_steps(trainer, groups, 0, warmup)
+    # the timed steps once untimed: every shape they have is seen before (first-use allocations, kernel choices)
+    run_steps(trainer, groups, warmup, steps)
     sync(device)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     timed = [(warmup + k) % len(groups) for k in range(steps)]
+    marks: list = []
     start = time.perf_counter()
-    sentences = run_steps(trainer, groups, warmup, steps)
+    sentences = run_steps(trainer, groups, warmup, steps, marks)
     sync(device)
     seconds = time.perf_counter() - start
+    per_step = sorted(step_ms(marks))
     tokens = sum(int(split.tgt_lengths[b].sum()) for pos in timed for b in groups[pos])
     after = warmup + steps
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -128,6 +154,8 @@ def measure(cfg, device: str, warmup: int, steps: int, work: Path) -> dict:
         "sentences_per_s": round(sentences / seconds, 1),
         "target_tokens_per_s": round(tokens / seconds, 1),
         "ms_per_step": round(1000 * seconds / steps, 2),
+        "ms_per_step_median": round(per_step[len(per_step) // 2], 2),
+        "ms_per_step_range": [round(per_step[0], 2), round(per_step[-1], 2)],
         "sentences_per_step": round(sentences / steps, 1),
         "kernel_launches_per_step": round(len(kernels) / 3, 1),
         "gpu_busy_fraction": round(busy_us / 1e6 / wall, 3) if kernels else None,

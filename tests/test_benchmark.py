@@ -116,6 +116,7 @@ def test_tiny_run_writes_the_expected_json(tiny):
     positive(report["matmul"], "gflops", "calls", "seconds")
     positive(report["matmul_bf16"], "gflops", "calls", "seconds")
     assert (report["matmul"]["dtype"], report["matmul_bf16"]["dtype"]) == ("float32", "bfloat16")
+    assert report["matmul"]["device"] == report["device"] == "cpu" and report["matmul"]["n"] == 512
     # measured again right after training: fp32 always, bf16 where training ran in bf16
     positive(report["matmul_after"], "gflops", "calls", "seconds")
     assert report["matmul_after"]["dtype"] == "float32"

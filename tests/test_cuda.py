@@ -89,3 +89,11 @@ def test_the_feed_pins_its_batches_and_copies_them_to_the_gpu(mixed):
 
 def test_a_short_run_trains_logs_and_checkpoints_on_the_gpu(mixed, tmp_path):
     short_run(trainer_of(mixed, tmp_path, CUDA, device="cuda", amp="bf16"), tmp_path)
+
+
+def test_the_matmul_yardstick_runs_on_the_gpu():
+    """scripts/benchmark.py divides a GPU run's FLOP rate by the GPU's own 4096^3 rate, not the CPU's."""
+    from nmt.matmul_rate import matmul_rate
+
+    rate = matmul_rate(1, 0.5, n=4096, dtype=torch.bfloat16, device="cuda")
+    assert rate["device"] == "cuda" and rate["calls"] >= 10 and rate["gflops"] > 10_000  # any GPU of the plan
