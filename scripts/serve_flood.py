@@ -28,8 +28,9 @@ Whether idle, slow and greedy clients starve nmt-serve, measured from outside as
    replaced at once when the server closes it; meanwhile the normal client for --attack-seconds (the target:
    95% answered 200 within 1 s).
 The normal client runs in a process of its own while attackers run (their threads share this one's lock).
---phases picks which of 3-7 run (all by default). It prints a table and writes JSON with --out; the server's
-resident memory is read from /proc (Linux).
+--phases picks which of 3-7 run (all by default). It prints a table and writes JSON with --out (this command
+included; scripts/serve_tables.py writes docs/serving.md's tables from it); the server's resident memory is read
+from /proc (Linux).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_attacks import burst, page_once, pages_and_chunks, reconnecting, slow_readers  # noqa: E402  (siblings)
-from serve_latency import call, cpu_name, start  # noqa: E402
+from serve_latency import call, command_line, cpu_name, start  # noqa: E402
 
 KINDS = {
     "idle": b"",
@@ -196,6 +197,7 @@ def main() -> None:
     proc, url, _ = start(args.checkpoints, extra)
     port = urlsplit(url).port
     report: dict = {
+        "command": command_line(),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_1min_before": load,
         "cpu": cpu_name(),
