@@ -187,7 +187,7 @@ def _save(fig, path: Path) -> Path:
 def _decoding_line(result: dict) -> str:
     d = result.get("decoding", {})
     kind = "greedy" if d.get("beam_size", 1) == 1 else f"beam {d.get('beam_size')}"
-    why = f" ({d['precision_reason']})" if d.get("precision_reason") else ""  # reports older than issue 42 lack it
+    why = f" ({d['precision_reason']})" if d.get("precision_reason") else ""  # older reports lack it
     kernels = f", {d['kernels_resolved']} kernels" if d.get("kernels_resolved") else ""  # since decoding.kernels
     return (
         f"{kind}, length penalty {d.get('length_penalty')}, max length {d.get('max_len_ratio')} x source + "

@@ -15,7 +15,8 @@ def native_bf16(device_type: str) -> bool:
     """Whether `device_type` computes bf16 matmuls in hardware: CUDA GPUs from Ampere on, and CPUs with
     AVX-512 BF16 or AMX (the README's Performance section has the measured gain over fp32) unless
     ONEDNN_MAX_CPU_ISA keeps oneDNN below them (onednn_isa_limit). Elsewhere bf16 is emulated and slower than
-    fp32 (an AVX2 CPU: about 1 GFLOP/s against 110-165 for fp32, issue 42; bf16_reason says which case)."""
+    fp32 (on an AVX2 EPYC a 512^3 torch.mm ran at 1.2-1.3 GFLOP/s in bf16 against 129-170 in fp32, the `matmul_bf16`
+    and `matmul` of docs/benchmark/train_multi30k_fp32_avx2-epyc*.json; bf16_reason says which case)."""
     import torch
 
     if device_type == "cuda":

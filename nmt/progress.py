@@ -4,7 +4,7 @@
     bar.advance(spent)        # after each step; `spent`: seconds of training so far (resumes included)
 
 tqdm's own estimate divides the steps left by a rate smoothed since the bar began, and its end is the step or
-epoch budget: a run stopped by trainer.max_minutes after five minutes was promised nine hours (issue 53). Here
+epoch budget: a run stopped by trainer.max_minutes after five minutes was promised nine hours. Here
 the rate is that of the last RECENT steps, so a machine that got busier (or quieter) shows at once, and where
 trainer.max_minutes is set the bar ends where that budget will stop the run, if it comes first.
 """

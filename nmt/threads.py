@@ -10,9 +10,10 @@
     threads.count, threads.why         # 1, "other processes keep 1.02 of 2 cores busy"
 
 Why: OpenMP's threads meet at the end of every parallel region. When another process holds one of two cores,
-the thread that shares it arrives late at every meeting and the other spins waiting for it: the quick preset's
-200 steps took 138.8 s at two threads beside one busy process, 14.1 s at one thread (issue 53). So `auto` never
-puts a thread on a core that another process keeps busy.
+the thread that shares it arrives late at every meeting and the other spins waiting for it: on a 2-core Intel
+Xeon the quick preset's 200 steps took a median 234.8 s of training at two threads beside one busy process, 8.4 s
+at one thread (`python scripts/busy_machine.py`, docs/benchmark/busy_machine_quick_amx-xeon.json). So `auto`
+never puts a thread on a core that another process keeps busy.
 
 The load is read from /proc/stat: the time the cores of this process's affinity set spent busy, less the time
 this process itself ran (os.times), over LOAD_WINDOW seconds; that is what other processes use. A core counts

@@ -42,8 +42,8 @@ The table (markdown) goes to stdout and every raw number to --out (JSON): comman
 emulated, machine, device, matmul and matmul_bf16 (before training), matmul_after and matmul_bf16_after
 (after it; bf16 only where training used it), train (null with --skip-train), decode (greedy, beam5), model,
 flops, figures (the table's row values, ours), peers (<name>: ok, summary, figures or error and log_tail),
-floors. Performance is only reported, never asserted: the issue's floors are listed with the figures they
-compare.
+floors. Performance is only reported, never asserted: the project's targets (floors) are listed with the
+figures they compare.
 """
 
 from __future__ import annotations
@@ -556,7 +556,7 @@ def our_figures(report: dict) -> dict:
 
 
 def floors(report: dict) -> list[dict]:
-    """Issue 52's floors with the figures they compare (reported, never asserted)."""
+    """The project's targets against OpenNMT-py, with the figures they compare (reported, never asserted)."""
     ours = report["figures"]
     peer = (report["peers"].get("opennmt") or {}).get("figures")
     ref = peer or OPENNMT_README
@@ -602,9 +602,7 @@ def floors(report: dict) -> list[dict]:
             True,
             f"budget {report['args']['train_seconds']:.0f} s",
         ),
-        row(
-            "peak training memory (GiB) <= 1.6", ours["peak_train_gib"], 1.6, False, "the issue's bound (glibc malloc)"
-        ),
+        row("peak training memory (GiB) <= 1.6", ours["peak_train_gib"], 1.6, False, "the target (glibc malloc)"),
     ]
 
 

@@ -1,10 +1,10 @@
 """python scripts/busy_machine.py [--steps 200] [--repeats 3] [--threads auto,1,2] [--out busy.json]
 
-How training's speed survives a busy machine (issue 53): the quick preset (`nmt-train experiment=quick`) for
+How training's speed survives a busy machine: the quick preset (`nmt-train experiment=quick`) for
 --steps steps, on a quiet machine and with one busy process beside it (a Python loop that keeps one core busy),
 at each trainer.threads of --threads. Run it on a machine that is otherwise quiet: it says so when it is not.
 
-    python scripts/busy_machine.py                              # the issue's measurement: ~12 min on 2 cores
+    python scripts/busy_machine.py                              # the full measurement: ~12 min on 2 cores
     python scripts/busy_machine.py --steps 20 --repeats 1       # a quick check that it works
     python scripts/busy_machine.py --threads auto,1,2,null      # null: torch's own count, as before auto
 
@@ -12,7 +12,7 @@ Every run is a fresh `nmt-train` process on the corpus prepared once beforehand;
 turns, repeat after repeat, so a drift in the machine spreads over all of them. Each run's time is its training
 seconds up to the final validation (metrics.json's last validation `elapsed`: the steps alone) and its whole
 process, start to exit; the thread count auto chose and why come from metrics.json. The median of each pair is
-compared with the issue's floors:
+compared with the project's targets:
 
     busy:  auto <= 1.5 x threads=1 under the same load
     quiet: auto within 5% of threads=2 (torch's count on 2 cores: the default before auto)

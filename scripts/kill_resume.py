@@ -1,4 +1,4 @@
-"""Kill -9 a quick training run at N random instants and check that nothing is lost (issue 51's floor).
+"""Kill -9 a quick training run at N random instants and check that nothing is lost.
 
     python scripts/kill_resume.py                            # 200 kills (about 45 minutes on 2 busy cores)
     python scripts/kill_resume.py --kills 20 --work /tmp/kills

@@ -1,10 +1,11 @@
 """python scripts/readme_tables.py [--check] [--readme README.md] [--study-doc docs/study.md] [--perf-doc ...]
+       [--serving-doc ...]
 
 Writes the tables and figures of the docs from the committed JSON files, so that no figure in them is typed by
 hand: the README's results table (between `<!-- results:begin -->` and `<!-- results:end -->`), its first run and
 the suite's time, the bottleneck study's tables of both language pairs side by side, in the README (compact) and
-in docs/study.md (every decoding), between `<!-- study-tables:begin -->` and `<!-- study-tables:end -->`, and
-docs/performance.md's tables (scripts/perf_tables.py):
+in docs/study.md (every decoding), between `<!-- study-tables:begin -->` and `<!-- study-tables:end -->`,
+docs/performance.md's tables (scripts/perf_tables.py) and docs/serving.md's (scripts/serve_tables.py):
 
     python scripts/readme_tables.py            # rewrite every generated block
     python scripts/readme_tables.py --check    # exit 1 (and show the difference) when a block differs
@@ -18,7 +19,9 @@ Sources, each named in the table with the command that wrote it, the machine and
   share minus the fixed vector's, with its 95% intervals over the seeds and over the test set) and the paired
   tests; the tables themselves are nmt.study.tables'. A study whose file does not exist is left out, with no
   error; a page without the study markers gets no study table;
-- the other files under docs/benchmark/, as scripts/perf_tables.py says.
+- the other files under docs/benchmark/, as scripts/perf_tables.py says;
+- docs/serve_flood*.json and docs/serve_latency.json (`python scripts/serve_flood.py`, `scripts/serve_latency.py`),
+  as scripts/serve_tables.py says.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ from nmt.study.tables import (
 
 sys.path.insert(0, str(Path(__file__).parent))
 import perf_tables  # noqa: E402  (scripts/perf_tables.py: performance.md's tables, the first run, the suite)
+import serve_tables  # noqa: E402  (scripts/serve_tables.py: serving.md's tables)
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 STUDY_DOC = ROOT / "docs" / "study.md"
 PERF_DOC = ROOT / "docs" / "performance.md"
+SERVING_DOC = ROOT / "docs" / "serving.md"
 # the README's side-by-side runs: nmt in fp32 against OpenNMT-py in fp32, and nmt in bf16 against it
 BENCHMARKS = (
     ROOT / "docs" / "benchmark" / "train_multi30k_fp32_avx2-epyc.json",
@@ -357,18 +362,24 @@ def marked(name: str) -> tuple[str, str]:
 
 
 def generated(name: str, text: str) -> str:
-    """A block of scripts/perf_tables.py between its markers (the begin marker says who writes it)."""
+    """A block of scripts/perf_tables.py or serve_tables.py between its markers (the begin marker says who writes
+    it)."""
     begin, end = marked(name)
     return "\n".join([begin, text, end])
 
 
-# the blocks of scripts/perf_tables.py: page -> [(marker name, what writes it)]
+# the blocks of scripts/perf_tables.py and serve_tables.py: page -> [(marker name, what writes it)]
 README_BLOCKS = (("first-run", perf_tables.first_run_block), ("suite-time", perf_tables.suite_block))
 PERF_BLOCKS = (
     ("by-kind", perf_tables.by_kind_block),
     ("busy", perf_tables.busy_block),
     ("malloc", perf_tables.malloc_block),
     ("plan", perf_tables.plan_block),
+)
+SERVING_BLOCKS = (
+    ("serve-flood", serve_tables.flood_block),
+    ("serve-pages", serve_tables.pages_block),
+    ("serve-latency", serve_tables.latency_block),
 )
 
 
@@ -383,11 +394,11 @@ def rewritten(readme: str, doc: str, benchmarks: tuple[Path, ...], studies: dict
     return readme, doc
 
 
-def rewritten_perf(perf: str) -> str:
-    """docs/performance.md with every block of scripts/perf_tables.py written anew."""
-    for name, write in PERF_BLOCKS:
-        perf = replace_block(perf, generated(name, write()), *marked(name))
-    return perf
+def rewritten_blocks(page: str, blocks: tuple = PERF_BLOCKS) -> str:
+    """A page (docs/performance.md by default) with each of `blocks` written anew between its markers."""
+    for name, write in blocks:
+        page = replace_block(page, generated(name, write()), *marked(name))
+    return page
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,10 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--study-doc", type=Path, default=STUDY_DOC)
     parser.add_argument("--perf-doc", type=Path, default=PERF_DOC)
+    parser.add_argument("--serving-doc", type=Path, default=SERVING_DOC)
     args = parser.parse_args(argv)
-    pages = (args.readme, args.study_doc, args.perf_doc)
+    pages = (args.readme, args.study_doc, args.perf_doc, args.serving_doc)
     old = [page.read_text(encoding="utf-8") for page in pages]
-    new = [*rewritten(old[0], old[1], BENCHMARKS, None), rewritten_perf(old[2])]
+    new = [
+        *rewritten(old[0], old[1], BENCHMARKS, None),
+        rewritten_blocks(old[2]),
+        rewritten_blocks(old[3], SERVING_BLOCKS),
+    ]
     changed = [(path, a, b) for path, a, b in zip(pages, old, new, strict=True) if a != b]
     if args.check:
         for path, a, b in changed:

@@ -15,21 +15,22 @@ Whether idle, slow and greedy clients starve nmt-serve, measured from outside as
 4. (readers) slow readers (scripts/serve_attacks.py): --slow-readers connections that pipeline --pipeline GET
    /static/serve.js and read --read-rate bytes a second each, and --never-read that pipeline the same and never
    read; meanwhile, for --attack-seconds, a normal client sends POST /translate one after another: how many
-   were answered 200 within 1 s (issue 51's floor: 99%), and which attackers the server cut, when;
+   were answered 200 within 1 s (the target: 99%), and which attackers the server cut, when;
 5. (burst) --burst clients at once (past nmt-serve's --max-connections, 256 by default), each sending
    --burst-requests POST /translate one after another on new connections: what came back (200, 503 in JSON,
    or a reset); then 3 more requests, to see the server still answers;
 6. (pages) --page-readers clients that POST the page's form with --page-words words (the example sentences
    repeated; cut to the server's --max-pieces) and never read the page, asking again once it has begun, and
    --chunkers that send a 65,021-byte body in 1-byte chunks again and again; meanwhile the normal client for
-   --attack-seconds (issue 69's floor: 99% answered 200 within 1 s; the pages are large with a checkpoint that has
+   --attack-seconds (the target: 99% answered 200 within 1 s; the pages are large with a checkpoint that has
    self-attention in its encoder; one such page is first asked for alone and read whole: its size and time);
 7. (reconnect) --reconnecting connections that pipeline --pipeline GET /static/serve.js and never read, each
-   replaced at once when the server closes it; meanwhile the normal client for --attack-seconds (issue 69's floor:
+   replaced at once when the server closes it; meanwhile the normal client for --attack-seconds (the target:
    95% answered 200 within 1 s).
 The normal client runs in a process of its own while attackers run (their threads share this one's lock).
---phases picks which of 3-7 run (all by default). It prints a table and writes JSON with --out; the server's
-resident memory is read from /proc (Linux).
+--phases picks which of 3-7 run (all by default). It prints a table and writes JSON with --out (this command
+included; scripts/serve_tables.py writes docs/serving.md's tables from it); the server's resident memory is read
+from /proc (Linux).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_attacks import burst, page_once, pages_and_chunks, reconnecting, slow_readers  # noqa: E402  (siblings)
-from serve_latency import call, cpu_name, start  # noqa: E402
+from serve_latency import call, command_line, cpu_name, start  # noqa: E402
 
 KINDS = {
     "idle": b"",
@@ -196,6 +197,7 @@ def main() -> None:
     proc, url, _ = start(args.checkpoints, extra)
     port = urlsplit(url).port
     report: dict = {
+        "command": command_line(),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average_1min_before": load,
         "cpu": cpu_name(),

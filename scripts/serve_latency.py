@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -124,6 +125,11 @@ def latency(url: str, text: str, beam: int, n: int) -> dict:
     }
 
 
+def command_line() -> str:
+    """This script's command as a reader would type it again (recorded in the JSON; docs/serving.md shows it)."""
+    return shlex.join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -154,6 +160,7 @@ def main() -> None:
         proc.terminate()
         proc.wait()
     report = {
+        "command": command_line(),
         "measured": when,
         "load_average_1min_before": load,
         "cpu": cpu_name(),

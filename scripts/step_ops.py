@@ -2,7 +2,7 @@
 
 How many operators a training step of the `multi30k_deen` preset dispatches under a device's plan
 (nmt.device_plan), counted on this CPU: on a CUDA GPU each operator that is not a view is a kernel launch, and
-issue 49 found the step bound by them. The steps are the Trainer's own (`_train_step`) on the batches of
+a profile on an H200 found the step bound by them. The steps are the Trainer's own (`_train_step`) on the batches of
 epoch 0, in training's order, at each --tokens batch size:
 
     python scripts/step_ops.py                      # the GPU's plan: the loss and the energy in one piece each

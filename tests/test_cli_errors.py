@@ -314,7 +314,7 @@ MATRIX = [
         2,
         ("unknown key 'trainer.max_stpes' in trainer.max_stpes=2; did you mean trainer.max_steps=2?",),
     ),
-    Case(  # issue 53: Hydra's own hint was +atention=bahdanau, which trained the default model and exited 0
+    Case(  # the hint is attention=, not Hydra's +atention=bahdanau (which trains the default model, exit 0)
         "misspelt-group",
         (*TRAIN, "atention=bahdanau"),
         2,

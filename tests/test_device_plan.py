@@ -93,7 +93,7 @@ def counted_step(trainer: Trainer) -> DispatchCount:
 
 
 def test_a_step_under_the_gpu_plan_dispatches_as_many_operators_at_16000_tokens_as_at_2000(data, tmp_path):
-    """Issue 49's floor, counted on a CPU: under the GPU's work sizes a step's operators that launch work are
+    """The target, counted on a CPU: under the GPU's work sizes a step's operators that launch work are
     within 1.3x between 2,000 and 16,000 tokens and at most 4,000 at 16,000, and none of them reads the device's
     data back; under the CPU's (cache-sized pieces) they grow with the batch."""
     gpu = {tokens: counted_step(trainer_of(data, tmp_path, GPU_ON_CPU, tokens)) for tokens in (2000, 16000)}

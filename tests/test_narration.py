@@ -2,8 +2,9 @@
 file says "session" (a test framework's or library's own API names aside: pytest's `scope="session"`,
 subprocess's `start_new_session`), calls a measurement "paired" in the sense of a throwaway side-by-side script
 (the statistical paired tests and paired bootstrap are fine), dates its code's history ("until 2026-12-06",
-"since 2026-12-04"), or names a date in code at all: docstrings and comments say what code does and why, and git
-keeps when.
+"since 2026-12-04"), names a date in code at all, or cites the issue tracker ("issue 51 found", "the issue's
+floor") where it should state the fact or the target itself: docstrings and comments say what code does and why,
+and git keeps when.
 
     python -m pytest -q tests/test_narration.py
 """
@@ -31,6 +32,8 @@ SESSION = re.compile(r"\bsessions?\b", re.I)
 STATISTICAL = r"[\s#*/]+(?:tests?|bootstrap|by|t-tests?|p-values?|comparisons?|differences?|resamples?|draws)\b"
 PAIRED = re.compile(rf"(?<!are )(?<![\"'])\bpaired\b(?!{STATISTICAL})", re.I)
 THROWAWAY = re.compile(r"\bthrowaway\b|\bworking periods?\b", re.I)
+# the tracker's issues by number ("issue 51", "issues 49 and 51"), not the verb ("the loop issues 3 launches")
+ISSUE = re.compile(r"\bissue\s+#?\d+|\bissues\s+#?\d+\s*(?:,|and)\s*#?\d+|\bthe issue's\b", re.I)
 HISTORY_DATE = re.compile(r"\b(?:since|until|before|after|as of|predates?|from|on)\s+(?:the\s+)?20\d\d-\d\d\b", re.I)
 ANY_DATE = re.compile(r"(?<![/\w])20\d\d-[01]\d(?:-[0-3]\d)?\b")  # a run folder's outputs/<date>/ aside
 
@@ -74,7 +77,7 @@ def narration(name: str, text: str) -> list[str]:
     suffix = Path(name).suffix
     searched = API_NAMES.sub(lambda m: " " * len(m[0]), text)
     plain = (prose(searched) if suffix == ".py" else searched).replace("\n", " ")
-    patterns = [SESSION, PAIRED, THROWAWAY, HISTORY_DATE]
+    patterns = [SESSION, PAIRED, THROWAWAY, HISTORY_DATE, ISSUE]
     if suffix in CODE and not name.startswith("tests/"):
         patterns.append(ANY_DATE)
     starts = {text.count("\n", 0, m.start()) for pattern in patterns for m in pattern.finditer(plain)}
@@ -89,6 +92,10 @@ def test_the_patterns_tell_narration_from_statistics_and_api_names():
         "each change was measured the paired way",
         "throwaway /tmp scripts",
         "fp32 weights were packed until 2026-12-06",
+        "the page was drawn whole (issue 69, 2)",
+        "as issues 49 and 51 found",
+        "Issue 51's floor: 99% answered 200 within 1 s",
+        "compared with the issue's floors",
     ]
     assert all(narration("doc.md", line) for line in said)
     assert narration("nmt/x.py", "# checkpoints of 2026-12-04 stored it unconverted")
@@ -103,6 +110,8 @@ def test_the_patterns_tell_narration_from_statistics_and_api_names():
         '@pytest.fixture(scope="session")',
         "subprocess.Popen(cmd, start_new_session=True)",
         "a checkpoint repaired from last.pt",
+        "the target: 99% answered 200 within 1 s",
+        "the kernel issues 3 launches a step",
     ]
     assert not any(narration("doc.md", line) for line in fine), [narration("doc.md", line) for line in fine]
     assert not narration("nmt/x.py", "paired = {}\nfor key in paired:\n    paired[key] = 1\n")  # a variable

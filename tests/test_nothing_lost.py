@@ -1,4 +1,4 @@
-"""Nothing lost, second round (issue 69, the commands' findings): a refused multirun leaves the running job alone,
+"""Nothing lost, whatever the commands meet: a refused multirun leaves the running job alone,
 a flipped bit anywhere in a checkpoint is damage, 0 bytes free is one line before Hydra writes, nmt-evaluate checks
 its outputs before decoding, Ctrl-C at any instant is one line, and a damaged data cache is prepared again.
 
@@ -56,8 +56,8 @@ def in_namespace(mounts: str, argv: list[str]) -> list[str]:
 
 # ------------------------------------------------------------------------ finding 1: a refused multirun
 def test_a_refused_multirun_leaves_the_running_job_and_its_lock_alone(tmp_path):
-    """The issue's three commands: a multirun kept in data preparation, the same sweep again (refused, the first's
-    directory intact; before: deleted, lock included), and a third trainer pointed at that directory (refused)."""
+    """Three commands: a multirun kept in data preparation, the same sweep again (refused, the first's directory
+    intact, its lock included), and a third trainer pointed at that directory (refused)."""
     os.mkfifo(tmp_path / "train.tsv")  # nobody writes: the job waits in data preparation, holding its directory
     sweep = [str(BIN / "nmt-train"), "-m", "data=files", f"data.train={tmp_path / 'train.tsv'}", "hydra.sweep.dir=S"]
     sweep += ["seed=7", "trainer.threads=1", "trainer.progress=false", f"paths.data_dir={tmp_path / 'data'}"]

@@ -108,8 +108,8 @@ def test_the_readme_compares_fp32_with_fp32_beside_bf16_with_fp32_and_says_so():
 
 
 def test_the_table_names_no_machines_paths_and_says_which_malloc():
-    """Issue 53: the table's commands showed one machine's absolute paths where the README says ../shared, and its
-    peak memory differed from the first run's without saying why (another CPU, another malloc)."""
+    """The table's commands show no machine's absolute paths (the README says ../shared), and its machine cell names
+    the malloc, so a peak memory that differs from the first run's says why (another CPU, another malloc)."""
     tables = _tables()
     block = tables.render()
     committed = tables.BENCHMARKS[1]

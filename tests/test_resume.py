@@ -156,7 +156,7 @@ REFUSED = [
     ("optim.schedule=warmup", "optim.schedule constant -> warmup"),
     ("trainer.clip_norm=0.5", "trainer.clip_norm 1.0 -> 0.5"),
     ("trainer.amp=bf16", "trainer.amp off -> bf16"),
-    ("trainer.threads=2", "threads 1 -> 2"),  # another thread count rounds differently (issue 51)
+    ("trainer.threads=2", "threads 1 -> 2"),  # another thread count rounds differently
     ("tokenizer.character_coverage=0.9999", "tokenizer.src_model "),  # retrained: other bytes, same pieces
 ]
 

@@ -1,4 +1,4 @@
-"""A run directory under attack (issue 51): checkpoints verified on load, one trainer per run directory, best.pt
+"""A run directory under attack: checkpoints verified on load, one trainer per run directory, best.pt
 consistent with metrics.json whenever a kill falls, and every failed write one line with the checkpoints intact.
 
 The run is tiny (the quick preset on 300 pairs, best by validation loss so that each validation improves), trained

@@ -432,7 +432,7 @@ def test_only_loopback_host_names_are_served(server):
     port = server.rsplit(":", 1)[1].strip("/")
     for host in (f"127.0.0.2:{port}", f"localhost:{port}", f"127.0.0.1:{port}", "[::1]"):
         assert httpx.get(server + "api/models", headers={"Host": host}).status_code == 200, host
-    strict = ("localhost:evil", "[::1]evil", "[127.0.0.1]", "::1", f"127.0.0.2:{port}:{port}")  # issue 51
+    strict = ("localhost:evil", "[::1]evil", "[127.0.0.1]", "::1", f"127.0.0.2:{port}:{port}")  # Host parsed strictly
     for host in ("evil.example", f"evil.example:{port}", "127.0.0.2.evil.example", "10.0.0.1", *strict):
         r = httpx.get(server + "api/models", headers={"Host": host})
         assert_refusal(r.status_code, r.headers, r.text, 400, f"DNS rebinding); open {server}")
@@ -504,9 +504,9 @@ def test_start_up_errors_are_one_line(ckpts, tmp_path):
 
 
 def test_two_servers_started_at_once_on_one_port_one_says_so_in_a_line(ckpts):
-    """Issue 69, 5: two nmt-serve on one port, the second started within 2 s of the first, both bound it (Linux lets
-    two sockets with SO_REUSEADDR bind one port while neither listens); the second learnt of it at listen(), after
-    loading its models, and died with a traceback."""
+    """Two nmt-serve on one port, the second started within 2 s of the first: both can bind it (Linux lets two
+    sockets with SO_REUSEADDR bind one port while neither listens): the second says so in one line before loading
+    its models, not with a traceback from listen() after."""
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = str(free.getsockname()[1])
@@ -800,9 +800,9 @@ def trickle(socks: list[socket.socket], cut: dict, got: dict) -> None:
 
 
 def test_slow_readers_hold_no_place_and_are_cut_at_the_send_deadline(loaded):
-    """Issue 51, 1: a connection that pipelines requests and does not read held a place of max_active while its
-    replies waited (66 of them answered others 503), and the send deadline restarted whenever a slow reader read a
-    little, so those were never cut."""
+    """A connection that pipelines requests and does not read holds no place of max_active while its replies wait
+    (66 of them must not answer others 503), and its send deadline does not restart when a slow reader reads a
+    little, so slow readers are cut."""
     write_s = 1.5
     one = dataclasses.replace(LIMITS, max_active=1)
     with real_server(loaded, one, write_timeout=write_s, idle_timeout=10) as (url, port, server):
@@ -810,7 +810,7 @@ def test_slow_readers_hold_no_place_and_are_cut_at_the_send_deadline(loaded):
         def backed_up(n: int) -> float:  # seconds until n connections have replies waiting (the kernel's are full)
             began = time.monotonic()
             while sum(c.unread_since is not None for c in list(server.server_state.connections)) < n:
-                if time.monotonic() - began > 30:  # (before issue 51: seconds, with 4 MiB in the kernel first)
+                if time.monotonic() - began > 30:  # (seconds if the kernel took 4 MiB first)
                     break
                 time.sleep(0.02)
             return time.monotonic() - began
@@ -842,8 +842,8 @@ def test_slow_readers_hold_no_place_and_are_cut_at_the_send_deadline(loaded):
 
 
 def test_a_burst_past_max_connections_is_answered_503_never_reset(loaded):
-    """Issue 51, 6: connections that arrive in one burst, each with a whole request, were closed to make room
-    before their requests were read (the client saw a reset); now each gets an answer, 503 past the cap."""
+    """Connections that arrive in one burst, each with a whole request, are not closed to make room before their
+    requests are read (the client would see a reset): each gets an answer, 503 past the cap."""
     cap = 8
     with real_server(loaded, max_connections=cap, idle_timeout=10, read_timeout=10) as (url, port, server):
         loop = server.servers[0].get_loop()
@@ -863,7 +863,7 @@ def test_a_burst_past_max_connections_is_answered_503_never_reset(loaded):
 
 
 def test_the_header_limit_holds_however_the_bytes_arrive(loaded):
-    """Issue 51, 8: 60,000 bytes of headers in one write were answered 200 (h11 limits only a head in pieces)."""
+    """60,000 bytes of headers in one write are refused 431 as in pieces (h11 limits only a head in pieces)."""
     head = b"GET /api/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX: "
     with real_server(loaded) as (url, port, server):
         for padded in (b"a" * 60000, b" " * 60000 + b"a", b"a" * 17000):  # whitespace h11 strips counts too
@@ -873,7 +873,7 @@ def test_the_header_limit_holds_however_the_bytes_arrive(loaded):
 
 
 def test_content_length_with_transfer_encoding_is_read_by_the_latter_answered_and_closed(loaded):
-    """Issue 51, 9: a request with both was answered and the connection kept open; RFC 9112 (6.3) says close."""
+    """A request with both is answered and its connection closed, as RFC 9112 (6.3) says."""
     body = json.dumps({"text": SENTENCE}).encode()
     request = (
         b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -889,7 +889,7 @@ def test_content_length_with_transfer_encoding_is_read_by_the_latter_answered_an
 
 
 def test_absolute_form_targets_and_http_1_0_without_host_are_served(loaded):
-    """Issue 51, minor: GET http://host/path answered "no such path"; HTTP/1.0 without a Host header got 400."""
+    """GET http://host/path is served as GET /path, not "no such path"; HTTP/1.0 without a Host header is served."""
     with real_server(loaded) as (url, port, server):
 
         def ask(request: bytes) -> tuple[int, dict[str, str], str]:
@@ -957,8 +957,9 @@ def test_every_refusal_is_json_with_the_security_headers(loaded, monkeypatch, ca
 
 
 def test_a_long_page_is_drawn_off_the_event_loop_within_its_bound_and_streamed(loaded, monkeypatch):
-    """Issue 69, 2: a self-attention checkpoint's page (34 MB at 100 pieces, 2 layers x 8 heads) was drawn whole on
-    the event loop: every other request waited seconds meanwhile, and clients that never read it held it all."""
+    """A self-attention checkpoint's page (34 MB at 100 pieces, 2 layers x 8 heads, drawn whole) is drawn off the
+    event loop within a size bound and streamed, so other requests do not wait on it and clients that never read
+    it hold little."""
     import nmt.serve.heatmap as heatmap
 
     drawing, geometry = threading.Event(), heatmap._geometry
@@ -1004,8 +1005,8 @@ def test_a_long_page_is_drawn_off_the_event_loop_within_its_bound_and_streamed(l
 
 
 def test_a_body_in_tiny_chunks_is_refused_before_it_costs_more_than_one_with_content_length(loaded):
-    """Issue 69, 3: a body in 1-byte chunks cost the event loop some 180 times the same body with Content-Length
-    (h11 parses each chunk in Python), and 4 such clients held every other request up by seconds."""
+    """A body in 1-byte chunks costs the event loop far more than the same body with Content-Length (h11 parses
+    each chunk in Python; 4 such clients held every other request up by seconds), so too many chunks are refused."""
     head = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     body = json.dumps({"text": SENTENCE}).encode()[:-1] + b" " * 8000 + b"}"  # under LIMITS.max_body
 
@@ -1023,9 +1024,9 @@ def test_a_body_in_tiny_chunks_is_refused_before_it_costs_more_than_one_with_con
 
 
 def test_at_the_cap_the_connection_leaving_its_replies_unread_longest_is_cut(loaded):
-    """Issue 69, 4: connections that pipeline requests and never read were not idle, so at max_connections a
-    newcomer got 503 until their send deadline; 300 that reconnect held the cap (every local client shares
-    127.0.0.1, so a bound by address would not help)."""
+    """Connections that pipeline requests and never read are not idle, yet at max_connections a newcomer must not
+    get 503 until their send deadline, or 300 that reconnect hold the cap (every local client shares 127.0.0.1,
+    so a bound by address would not help): the one that left its replies unread longest is cut."""
     cap = 5
     limits = {"max_connections": cap, "write_timeout": 30, "idle_timeout": 30, "read_timeout": 30}
     with real_server(loaded, **limits) as (url, port, server):

@@ -322,7 +322,7 @@ def test_runs_trained_before_a_config_key_existed_compare_as_its_neutral_value()
 
 
 def test_the_keys_that_say_how_to_resume_do_not_stop_old_records_combining():
-    """trainer.resume_fallback (issue 51) arrived after seeds 1, 4, 5 were trained: a run that has it and one
+    """trainer.resume_fallback arrived after seeds 1, 4, 5 were trained: a run that has it and one
     that lacks it still form one study, since where a resume may fall back changes nothing learnt."""
     old = fake_record("a", "none", 1, 1)["config"]
     new = fake_record("b", "bahdanau", 1, 2)["config"]
@@ -635,7 +635,7 @@ def test_study_writes_records_tables_and_figures(study):
         assert interaction in md and interaction in proc.stdout and (interaction or decoding == "beam5")
     assert "(bleu_by_window.png)" in md and "(bleu_by_window_beam5.png)" in md and "k=3 (untrained)" in md
     assert "Headline: greedy decoding; beam 5 beside it" in md
-    assert "translating test_k1" in proc.stderr  # progress within a run's evaluation (issue 53), not only per run
+    assert "translating test_k1" in proc.stderr  # progress within a run's evaluation, not only per run
     assert sorted(p.name for p in (out / "records").iterdir()) == [
         "0_none_seed1.json.gz",
         "1_none_seed2.json.gz",

@@ -275,7 +275,7 @@ def test_paired_p_equals_sacrebleus_paired_bootstrap_on_the_same_draws(text, mon
 def test_captions_summed_into_windows_keep_the_spread_sacrebleu_gives(committed):
     """none seed 1 at k=1: summing its captions' statistics in blocks of 4 leaves the corpus and its BLEU as
     they are, so drawing the blocks must leave the bootstrap SD of BLEU near sacrebleu's over the captions
-    (issue 50: 0.455); a block weighing the mean draw count of its captions gave about 0.206."""
+    (about 0.455); a block weighing the mean draw count of its captions gives about 0.206."""
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import _bootstrap_resample
 
@@ -295,7 +295,7 @@ def test_captions_summed_into_windows_keep_the_spread_sacrebleu_gives(committed)
 @pytest.mark.parametrize("model, seeds", [("none", (2, 3)), ("bahdanau", (2, 1))])
 def test_same_model_seed_pairs_at_k4_are_not_significant_as_in_sacrebleu(committed, model, seeds, monkeypatch):
     """Two seeds of one model differ by chance: at k=4 their paired test on the windows is sacrebleu's own
-    paired bootstrap on those windows (issue 50: p 0.162 and 0.127) and not below 0.05."""
+    paired bootstrap on those windows (p about 0.162 and 0.127) and not below 0.05."""
     monkeypatch.setenv("SACREBLEU_SEED", "12345")
     a, b = (committed(f"{model}_seed{s}").outputs["greedy"]["test_k4"] for s in seeds)
     w = Draws.of(len(a.references), 1000, 12345).weights(window_clusters(range(0, 1000, 4), 4, None))
@@ -356,7 +356,7 @@ def test_t_quantiles_match_tables_and_the_t_interval_covers_95_percent():
     table = {1: 12.7062047, 2: 4.3026527, 3: 3.1824463, 4: 2.7764451, 9: 2.2621572, 30: 2.0422725}
     for df, value in table.items():
         assert t_quantile(df) == pytest.approx(value, abs=1e-6)
-    assert t_interval([28.56, 20.53, 27.40]) == pytest.approx((14.72, 36.27), abs=0.01)  # issue 50's Luong k=1
+    assert t_interval([28.56, 20.53, 27.40]) == pytest.approx((14.72, 36.27), abs=0.01)  # Luong's k=1 BLEU, 3 seeds
     assert t_interval([3.0]) is None
     rng = np.random.default_rng(0)
     for n in (2, 3, 5):  # seeds drawn from a normal: the t-interval covers the mean 95% of the time

@@ -48,7 +48,7 @@ def test_auto_leaves_busy_cores_alone_and_stays_under_torchs_count(cores, ceilin
         assert f"{others:.2f} of {cores} cores" in why
     assert choose(ceiling, Load(cores, 0.0, 0.3))[0] == min(ceiling, cores)  # a quiet machine: torch's count
     assert choose(ceiling, Load(cores, 0.05, 0.3))[0] == min(ceiling, cores)  # a shell's noise changes nothing
-    assert choose(2, Load(2, 1.0, 0.3))[0] == 1  # one busy process on two cores: issue 53's case
+    assert choose(2, Load(2, 1.0, 0.3))[0] == 1  # one busy process on two cores: scripts/busy_machine.py's case
     assert choose(ceiling, None) == (ceiling, f"the load cannot be measured here (no /proc/stat): torch's {ceiling}")
 
 

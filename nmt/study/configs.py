@@ -28,7 +28,7 @@ IGNORED_KEYS = (
     "trainer.progress",
     "trainer.resume",
     "trainer.resume_changes",  # the keys a resume changed are in the record (resumed_with_changes)
-    "trainer.resume_fallback",  # which checkpoint a resume may fall back to (issue 51): not what is learnt
+    "trainer.resume_fallback",  # which checkpoint a resume may fall back to: not what is learnt
     "trainer.overwrite",
     "trainer.threads",
     "trainer.log_every",
@@ -37,7 +37,7 @@ IGNORED_KEYS = (
 COMPARED = ("attention.", "seed")  # what the study compares across
 # keys added to the config after some recorded runs were trained -> the value that means what those runs did
 ADDED_LATER = {
-    "model.self_attention_layers": 0,  # nmt.self_attention (issue 44): no layer before it
+    "model.self_attention_layers": 0,  # nmt.self_attention: no layer before it
     "trainer.average_decay": None,  # nmt.averaging: no averaged weights before it
 }
 

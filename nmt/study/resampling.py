@@ -10,8 +10,8 @@ sufficient statistics, exactly as sacrebleu's paired bootstrap draws sentences (
 default_rng(seed).choice over the windows), so at every k the spread is that of the windows themselves. A
 window is never split: weighing a window by the mean draw count of its captions (one caption draw for every
 k) would average away the variation between the captions inside it and shrink the spread by about sqrt(k)
-(issue 50). Where a window cannot be drawn alone (a Bible chapter: the test set was drawn by chapter, and
-windows stay inside one) the unit is the chapter, with every window in it.
+(tests/test_study_stats.py measures both). Where a window cannot be drawn alone (a Bible chapter: the test set
+was drawn by chapter, and windows stay inside one) the unit is the chapter, with every window in it.
 
 The interaction compares k=1 with k=K, so both must be drawn together: the unit is a block of K captions,
 one window of K and its K single captions (a chapter, with its windows and verses, on the Bible); a draw
