@@ -9,11 +9,11 @@ test, one after the other on the same GPU. It uses only what both versions have:
         -- data.root=.device/data/multi30k paths.data_dir=.device/data
 
 For each --tokens batch size: --warmup steps, the --steps steps once untimed (so that every shape they have was
-seen), then the same steps timed with the device synchronised before and after (sentences/s, target tokens/s,
-ms a step) and each step between CUDA events (the median and the range); then 3 steps under torch.profiler
-(kernel launches a step, GPU-busy time against wall time) and 3 under a dispatch counter (operators a step, and those that are not
-views); torch.cuda.max_memory_allocated; and collate's time a batch on the host. The JSON also records the GPU's
-name, its 4096^3 bf16 and fp32 matmul rates, torch, and --label. `--device cpu` runs the same on a CPU (the
+seen), then the same steps timed with the device synchronised before and after (sentences/s, target tokens/s, ms a
+step) and each step between CUDA events (the median and the range); then 3 steps under torch.profiler (kernel
+launches a step, GPU-busy time against wall time) and 3 under a dispatch counter (operators a step, and those that
+are not views); torch.cuda.max_memory_allocated; and collate's time a batch on the host. The JSON also records the
+GPU's name, its 4096^3 bf16 and fp32 matmul rates, torch, and --label. `--device cpu` runs the same on a CPU (the
 script's own check: the timings then say nothing about a GPU).
 """
 
