@@ -24,6 +24,9 @@
 #          machine's pytest may lack xdist): sync debug mode "error" around 50 steps (about 2 minutes): tests.txt
 #   bleu   scripts/benchmark.py with experiment=multi30k_deen_gpu (150 s of training, greedy and beam 5 on
 #          test2016) with HEAD's code (about 5 minutes): bleu_gpu_preset.json, bleu.txt
+#   threads  the same machine's CPU (16 cores there, the only many-core CPU at hand): scripts/gpu_steps.py
+#          --device cpu at 1, 2, 4, 8 and 16 threads, fp32 and bf16, 2,000 tokens, 5 steps each (about 6
+#          minutes; THREADS="1 2" and AMPS=off choose fewer): cpu_threads.json, its log in threads.txt
 # Besides: gpu.txt (nvidia-smi) and failures.txt (a stage that fails is named there and the next one runs).
 # With the device tool (15 minutes of device time, the machine's start included): first
 # "bash scripts/gpu_check.sh run steps tests", carry [".device"], timeout_s 480; then, if time is left,
@@ -111,7 +114,24 @@ run() {
                 echo "bleu: exit $?" >>"$out/failures.txt"
             tail -n 40 "$out/bleu.txt"
             ;;
-        *) echo "unknown stage $stage (steps, tests, bleu)" >&2 && exit 2 ;;
+        threads)
+            install new
+            local parts
+            parts=$(mktemp -d)
+            for amp in ${AMPS:-off bf16}; do
+                for n in ${THREADS:-1 2 4 8 16}; do
+                    PYTHONPATH=/tmp/site-new:/tmp/site-deps python3 scripts/gpu_steps.py --label "cpu-$amp-$n" \
+                        --device cpu --tokens 2000 --warmup 2 --steps 5 --out "$parts/$amp-$n.json" -- \
+                        "${data[@]}" trainer.threads="$n" trainer.amp="$amp" >>"$out/threads.txt" 2>&1 ||
+                        echo "threads $amp $n: exit $?" >>"$out/failures.txt"
+                    python3 -c 'import json, os, sys
+print(json.dumps({os.path.basename(p)[:-5]: json.load(open(p)) for p in sys.argv[1:]}, indent=1))' \
+                        "$parts"/*.json >"$out/cpu_threads.json"
+                done
+            done
+            tail -n 12 "$out/threads.txt"
+            ;;
+        *) echo "unknown stage $stage (steps, tests, bleu, threads)" >&2 && exit 2 ;;
         esac
     done
 }
