@@ -222,3 +222,25 @@ def test_the_training_pass_reads_nothing_from_the_device(attention, query, feedi
     if loops:  # a decoder loop without the lengths counts them in tgt_in: a read
         with pytest.raises(NotImplementedError):
             model(src, src_lengths, tgt_in, rows)
+
+
+def test_a_decoder_step_costs_a_bounded_number_of_operators_measured_as_a_slope_over_t():
+    """The step's operators grow with T, the batch's longest target, by what one decoder step costs: counted
+    over the forward and backward of the same batch at T=10 and T=20 (bf16 autocast, the eager step a GPU runs),
+    the slope is that cost: 92.6 operators that launch work (this model, torch 2.13), bounded here at 100; the
+    target on a GPU is 20, with fused step kernels."""
+    torch.manual_seed(0)
+    config = ModelConfig(16, 16, hidden_size=32, input_feeding=True, attention="bahdanau", attention_query="current")
+    model = Seq2Seq(config, 60, 60).train()
+    launches = {}
+    for T in (10, 20):
+        src, lengths, tgt_lengths = torch.randint(4, 60, (8, 9)), torch.full((8,), 9), torch.full((8,), T)
+        tgt, rows = torch.randint(4, 60, (8, T)), rows_of_lengths(torch.full((8,), T), T)
+        with DispatchCount() as count:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out, _ = model(src, lengths, tgt, rows, tgt_lengths, weights=False)
+                loss = loss_sum(out, tgt.reshape(-1)[rows], 0.1)
+            loss.backward()
+        launches[T] = count.launches
+    per_step = (launches[20] - launches[10]) / 10
+    assert 0 < per_step <= 100, f"{per_step} operators a decoder step, forward and backward ({launches})"
