@@ -1071,10 +1071,10 @@ def test_a_models_two_lanes_never_mix_their_translations(loaded):
     """A model translates a short and a long request at once (one per lane): each gets what it gets alone."""
     model = loaded[0][2]  # with self-attention
     long = " ".join(SENTENCE.split() * 6)
-    alone = {text: model.translate(text, 1, 100) for text in (SENTENCE, long)}
+    alone = {SENTENCE: model.translate(SENTENCE, 5, 100), long: model.translate(long, 1, 100)}
     with ThreadPoolExecutor(2) as pool:
-        for _ in range(5):
-            both = [pool.submit(model.translate, SENTENCE, 1, 100, True), pool.submit(model.translate, long, 1, 100)]
+        for _ in range(5):  # a beam search in the short lane beside a greedy one in the long lane
+            both = [pool.submit(model.translate, SENTENCE, 5, 100, True), pool.submit(model.translate, long, 1, 100)]
             short_reply, long_reply = (f.result() for f in both)
             for reply, text in ((short_reply, SENTENCE), (long_reply, long)):
                 for key in ("hypothesis", "src_pieces", "tgt_pieces", "weights", "self_attention"):
