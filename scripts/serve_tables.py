@@ -2,9 +2,10 @@
 puts each block between its markers; tests/test_serving_doc.py checks them):
 
 - flood_block: `scripts/serve_flood.py`'s held connections, slow readers and burst, one column per run (FLOOD_RUNS):
-  the code before the send deadline, with it, and the same phases of the run of every phase;
-- pages_block: its page readers, chunkers and reconnecting never-readers, before the page and chunk bounds and
-  with them (PAGE_RUNS);
+  the code before the send deadline, with it, and the same phases of the two runs of every phase (with the page
+  and chunk bounds; with the short lanes and turns as well);
+- pages_block: its page readers, chunkers and reconnecting never-readers, before the page and chunk bounds, with
+  them, and with the short lanes and turns as well (PAGE_RUNS);
 - latency_block: `scripts/serve_latency.py`'s start-up and latency (serve_latency.json).
 
 Each block first names its files with the command that wrote each, the CPU, the load average before the run and
@@ -28,11 +29,13 @@ DOCS = ROOT / "docs"
 FLOOD_RUNS = (
     ("before the send deadline", DOCS / "serve_flood_before_send_deadline.json"),
     ("with the send deadline", DOCS / "serve_flood_send_deadline.json"),
-    ("with the page and chunk bounds too", DOCS / "serve_flood.json"),
+    ("with the page and chunk bounds too", DOCS / "serve_flood_before_lanes.json"),
+    ("with the short lanes and turns too", DOCS / "serve_flood.json"),
 )
 PAGE_RUNS = (
     ("before the page and chunk bounds", DOCS / "serve_flood_before_page_bounds.json"),
-    ("with them", DOCS / "serve_flood.json"),
+    ("with them", DOCS / "serve_flood_before_lanes.json"),
+    ("with the short lanes and turns too", DOCS / "serve_flood.json"),
 )
 LATENCY = DOCS / "serve_latency.json"
 # the key of each phase in a serve_flood.py report

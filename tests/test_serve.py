@@ -40,9 +40,11 @@ with warnings.catch_warnings():  # Starlette 1.10 prefers httpx2, which needs Py
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
+from test_serve_turns import serving  # tests/ is on sys.path (pytest's prepend import mode)
+
 from nmt.cli.serve import bind, is_loopback
 from nmt.serve.app import create_app, parse_form
-from nmt.serve.connections import ConnectionLimits, make_server
+from nmt.serve.connections import ConnectionLimits
 from nmt.serve.examples import Examples, find_examples
 from nmt.serve.guard import HEADERS, host_allowed
 from nmt.serve.models import Limits, load_models, translate_all
@@ -648,23 +650,9 @@ def real_server(loaded, limits: Limits = LIMITS, **connections) -> Iterator[tupl
     """nmt-serve's layers (the app with the Host check of a loopback server, the connection layer with
     ConnectionLimits(**connections)) on a free port of 127.0.0.1, in a thread; yields (URL, port, uvicorn server)."""
     models, examples = loaded
-    server = make_server(create_app(models, examples, limits, allowed_hosts=[]), ConnectionLimits(**connections))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(512)
-    port = sock.getsockname()[1]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started
-    try:
+    app = create_app(models, examples, limits, allowed_hosts=[])
+    with serving(app, ConnectionLimits(**connections)) as (port, server):
         yield f"http://127.0.0.1:{port}/", port, server
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def open_sending(port: int, data: bytes = b"") -> socket.socket:
@@ -1049,3 +1037,68 @@ def test_at_the_cap_the_connection_leaving_its_replies_unread_longest_is_cut(loa
         assert state == [1] * (cap - 1)  # TCP_ESTABLISHED: the others are left to their send deadline
     for s in never:
         s.close()
+
+
+def test_a_short_request_is_answered_while_long_ones_are_translated(loaded, monkeypatch):
+    """Under six clients asking for 150-word pages a translation in progress is never interrupted, so a three-word
+    request in one lane waits for the long ones ahead of it (seconds on a busy machine). Short requests have a lane
+    of their own (nmt/serve/lanes.py)."""
+    models, _ = loaded
+    started = threading.Event()
+
+    def slow_when_long(original):
+        def translate(text, *args):
+            if len(text) > 200:  # a long request: its model is busy for 3 s (a sleep: it holds no lock)
+                started.set()
+                time.sleep(3)
+            return original(text, *args)
+
+        return translate
+
+    for m in models:
+        monkeypatch.setattr(m, "translate", slow_when_long(m.translate))
+    long = " ".join(SENTENCE.split() * 20)  # cut to LIMITS.max_chars = 300 characters: the long lane
+    with real_server(loaded) as (url, port, server), ThreadPoolExecutor(2) as pool:
+        longs = [pool.submit(httpx.post, url + "translate", json={"text": long}, timeout=60) for _ in range(2)]
+        assert started.wait(60)
+        asked = time.monotonic()
+        r = httpx.post(url + "translate", json={"text": SENTENCE}, timeout=60)
+        took = time.monotonic() - asked
+        assert r.status_code == 200 and took < 2, (r.status_code, took)  # in one lane: after 3 s of the long one
+        assert [f.result().status_code for f in longs] == [200, 200]
+
+
+def test_a_models_two_lanes_never_mix_their_translations(loaded):
+    """A model translates a short and a long request at once (one per lane): each gets what it gets alone."""
+    model = loaded[0][2]  # with self-attention
+    long = " ".join(SENTENCE.split() * 6)
+    alone = {SENTENCE: model.translate(SENTENCE, 5, 100), long: model.translate(long, 1, 100)}
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(5):  # a beam search in the short lane beside a greedy one in the long lane
+            both = [pool.submit(model.translate, SENTENCE, 5, 100, True), pool.submit(model.translate, long, 1, 100)]
+            short_reply, long_reply = (f.result() for f in both)
+            for reply, text in ((short_reply, SENTENCE), (long_reply, long)):
+                for key in ("hypothesis", "src_pieces", "tgt_pieces", "weights", "self_attention"):
+                    assert reply[key] == alone[text][key], key
+
+
+def test_reply_weights_are_rounded_by_torch_as_round_rounds_them(loaded, monkeypatch):
+    """A self-attention reply at 100 pieces is 2 x 8 x 100 x 100 weights: a round() for each held the interpreter
+    lock (and so the event loop) for most of a second on a busy machine; torch rounds them all at once, to the
+    same floats."""
+    import builtins
+
+    from nmt.serve.models import rounded
+
+    weights = torch.softmax(torch.randn(2, 8, 100, 100) * 3, -1)  # float32, as the models give them
+    expected = [[[[round(w, 4) for w in row] for row in head] for head in layer] for layer in weights.tolist()]
+    assert rounded(weights) == expected
+    ties = torch.tensor([(2 * k + 1) / 32 for k in range(16)])  # x 10**4 exactly at a half: to even, as round()
+    assert rounded(ties) == [round(w, 4) for w in ties.tolist()] and rounded(ties)[:2] == [0.0312, 0.0938]
+    calls = []
+    original = builtins.round
+    monkeypatch.setattr(builtins, "round", lambda *a: (calls.append(a), original(*a))[1])
+    reply = loaded[0][2].translate(" ".join(SENTENCE.split() * 6), 1, 100)
+    monkeypatch.undo()
+    assert len(reply["weights"]) > 1 and reply["self_attention"]["weights"]
+    assert len(calls) < 10, f"{len(calls)} calls of round() for one reply"  # the time, not one per weight

@@ -37,8 +37,11 @@ the JSON API (also usable without the page):
 
 limits:
   a text over --max-chars characters, or over --max-pieces source pieces, is cut there and the reply
-  says so; a request waits at most --timeout seconds. Each checkpoint translates one request at a time
-  (its own worker thread); the checkpoints of one request run side by side.
+  says so; a request waits at most --timeout seconds. Each checkpoint translates in two worker threads, one
+  request at a time in each: short requests (up to 200 characters x beam) in one, longer ones in the other,
+  so a short one never waits for a long one; the checkpoints of one request run side by side. Requests a
+  client pipelines (sends before the reply to its previous one) are served a few at a time, all clients
+  together.
   Slow and idle clients: a request must arrive whole (headers and body) within --read-timeout seconds of
   its first byte (else 408, and the connection is closed); a connection that sends nothing for
   --idle-timeout seconds is closed; a client whose replies fill the server's send buffer has

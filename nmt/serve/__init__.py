@@ -2,8 +2,10 @@
 
     models.py       loading the checkpoints and translating one text with all of them; no HTTP here
     app.py          the ASGI application (Starlette): the page, the JSON API and the static files
-    lanes.py        each checkpoint's translations, one at a time in its own thread, the earliest deadline first
+    lanes.py        each checkpoint's translations in two threads (short requests, long ones), earliest deadline first
     connections.py  the HTTP connection layer (uvicorn's h11 protocol): read deadlines and a connection cap
+    turns.py        pipelined requests served a few at a time, all connections together
+    refusal_log.py  uvicorn's warning for requests refused before the app, at most once a minute
     render.py       pages drawn in a worker thread and streamed, JSON replies encoded off the event loop
     page.py         the page as HTML: per checkpoint its translation, attention and any self-attention maps
     bounds.py       the page's size bound: a map past its share of cells is drawn coarser

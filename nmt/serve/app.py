@@ -21,9 +21,9 @@ serving. Guard (nmt/serve/guard.py), the outermost layer, gives every response H
 check, the cap on requests in progress (Limits.max_active), refusals and bugs; refusals made before a request
 reaches the app (a malformed request, a slow one, too many connections) come from nmt/serve/connections.py in
 the same JSON.
-The model calls run in one thread per checkpoint (nmt/serve/lanes.py: the earliest deadline first, so a short
-request overtakes long ones), side by side; each checkpoint's lock keeps it to one request at a time, so
-concurrent requests never mix. The page is drawn, and replies of POST /translate are
+The model calls run in two threads per checkpoint (nmt/serve/lanes.py: short requests in a lane of their own, so
+they never wait for a long one; in each lane the earliest deadline first), side by side; each lane's lock keeps it
+to one request at a time, so concurrent requests never mix. The page is drawn, and replies of POST /translate are
 encoded, off the event loop, the page within a size bound and sent as it is drawn (nmt/serve/render.py).
 """
 
@@ -45,7 +45,7 @@ from starlette.routing import Route
 
 from nmt.serve.examples import Examples
 from nmt.serve.guard import CLOSING, HEADERS, Guard, refusal, report_bug
-from nmt.serve.lanes import Lane
+from nmt.serve.lanes import Lanes
 from nmt.serve.models import Limits, RequestError, ServedModel, check_beam, clean_text, reply
 from nmt.serve.page import render_page
 from nmt.serve.render import Renderer
@@ -74,8 +74,8 @@ class Server:
         self.models, self.examples, self.limits = models, examples, limits
         self.pending = 0
         self.renderer = Renderer()  # pages and JSON replies, off the event loop (nmt/serve/render.py)
-        # one worker thread per model, the earliest deadline first (nmt/serve/lanes.py): short requests overtake
-        self.lanes = [Lane(f"nmt-model{m.index}") for m in models]
+        # two lanes per model, short requests and long ones, each a thread (nmt/serve/lanes.py)
+        self.lanes = [Lanes(f"nmt-model{m.index}") for m in models]
 
     async def translate(self, text: str, beam: object) -> dict:
         """Every model's translation, each in a worker thread; RequestError if busy or over the time limit."""

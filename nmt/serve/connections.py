@@ -16,18 +16,25 @@ of uvicorn's H11Protocol (the pure-Python HTTP/1.1 protocol; used whatever else 
     next request waits: on hold), it has write_timeout to read all that is queued, replies to the requests it
     pipelined meanwhile included; reading a little does not restart the clock, and past it the connection is
     cut. (The app gives a request's place back once its reply is ready: nmt.serve.guard.Guard.)
+  - turns for pipelined requests (nmt/serve/turns.py): a request sent before the reply to the one before it is
+    served only on one of PIPELINED_TURNS turns, shared by every connection, so pipeliners leave the event loop
+    time for everyone else;
   - a connection cap: past max_connections open connections, the longest-idle ones with nothing to read (no
     request in progress, none waiting unread in the kernel) are closed to make room, then the ones that have
     left their replies unread for longest: those whose send deadline runs, longest first, then those that
     pipeline (a next request sent before the reply to the one in progress, as no browser does), oldest first
     (every local client shares 127.0.0.1, so a bound by address would not help); if there are too few, the
-    newcomer is answered 503 once its request has arrived, never closed before it is read;
+    newcomer is answered 503 once its request has arrived, never closed before it is read. Making room asks the
+    kernel (a system call) only about connections that might be idle, never about one on hold or waiting for a
+    turn: asking about all 256, and sorting them, for every newcomer took most of the event loop's time under
+    300 reconnecting clients;
   - strict framing (nmt/serve/framing.py): heads over max_header_bytes get 431 however they arrive, a chunked
     body in more than max_chunks chunks 400 (both close the connection), a request
     with both Content-Length and Transfer-Encoding is answered and its connection closed, and an absolute-form
     target is served as its path;
   - refusals in the documented JSON with the security headers (nmt.serve.guard.HEADERS): 408, 503, and a
-    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text.
+    malformed request (400) or headers over max_header_bytes (431) instead of uvicorn's plain text, and
+    uvicorn's warning for each of the latter at most once a minute (nmt/serve/refusal_log.py).
 The cap on requests in progress is the app's (Limits.max_active, nmt.serve.guard.Guard): it counts requests,
 never connections. The subclass relies on H11Protocol's attributes (conn, cycle, transport, connections, flow);
 tests/test_serve.py checks every behaviour above against a real server.
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import heapq
 import json
 import socket
 import struct
@@ -53,6 +61,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from nmt.serve.app import read_timeout_message
 from nmt.serve.framing import Refusal, StrictConnection
 from nmt.serve.guard import HEADERS
+from nmt.serve.refusal_log import RefusalCounts, RefusalLog
+from nmt.serve.turns import Turns
 
 try:  # how many bytes wait in the kernel, unread or untaken (Linux); elsewhere the cap and the hold do not look
     from fcntl import ioctl
@@ -97,9 +107,12 @@ class GuardedProtocol(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with the deadlines and the connection cap of ConnectionLimits."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    turns: ClassVar[Turns] = Turns()  # make_server gives each server its own, and its own refusal counts
+    refusals: ClassVar[RefusalCounts] = RefusalCounts()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.logger = RefusalLog(self.logger, self.refusals)  # uvicorn's line per refused request: one a minute
         self.conn = StrictConnection(self.limits.max_header_bytes, self.limits.max_chunks, self._seen)
         self.reading = False  # a request's first byte has arrived, its last not yet
         self.since = self.loop.time()  # when it opened or began its latest request: the eviction order
@@ -143,6 +156,7 @@ class GuardedProtocol(H11Protocol):
         self.over_cap = not self._make_room()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._leave_turn()
         self._disarm()
         if self.write_deadline is not None:
             self.write_deadline.cancel()
@@ -172,16 +186,36 @@ class GuardedProtocol(H11Protocol):
         """uvicorn's next step after a reply. A connection that pipelines while the kernel still holds a reply it
         has not taken is put on hold: its next request waits (looked at after HOLD_POLL[0] s, then twice as long
         each time up to HOLD_POLL[1]) and its send deadline runs, so a client that never reads costs the server
-        a few replies, not the dozens its buffers hold, and little more while it waits to be cut."""
+        a few replies, not the dozens its buffers hold, and little more while it waits to be cut. Otherwise a
+        pipelined request is served on a turn (nmt/serve/turns.py), so that a few of them at most are in progress
+        at once, all connections together, and the event loop keeps time for the others."""
+        self._leave_turn()
         pipelined = not self.transport.is_closing() and (self.conn.buffered() or self.unread())
-        if not pipelined or not self.untaken():
+        if not pipelined:
             self.hold_poll = HOLD_POLL[0]
             super().on_response_complete()
+            return
+        if not self.untaken():
+            self.hold_poll = HOLD_POLL[0]
+            if self.turns.enter(self, self._turn_came):
+                self._turn_came()
             return
         if self.write_deadline is None:
             self.write_deadline = self.loop.call_later(self.limits.write_timeout, self._write_deadline_passed)
         self.loop.call_later(self.hold_poll, self.on_response_complete)
         self.hold_poll = min(2 * self.hold_poll, HOLD_POLL[1])
+
+    def _turn_came(self) -> None:
+        if self.transport.is_closing():
+            self._leave_turn()
+            return
+        super().on_response_complete()
+        if not self.busy:  # no next request read whole (its head or body still to come): the turn is not needed
+            self._leave_turn()
+
+    def _leave_turn(self) -> None:
+        for go in self.turns.leave(self):
+            self.loop.call_soon(go)
 
     def send_400_response(self, msg: str) -> None:
         """A request refused before the app (malformed, a head too large, no room) or while its body arrives (too
@@ -255,20 +289,26 @@ class GuardedProtocol(H11Protocol):
         if excess <= 0:
             return True
         guarded = [c for c in others if isinstance(c, GuardedProtocol)]
-        waiting = sorted((c for c in guarded if not c.busy), key=lambda c: c.since)
-        idle = list(islice((c for c in waiting if not c.unread()), excess))
+        # one whose send deadline runs, or that waits for a turn, has a next request: not idle (no system call to ask)
+        quiet = (c for c in guarded if not c.busy and c.write_deadline is None and c not in self.turns.waiting)
+        idle = list(islice((c for c in sorted(quiet, key=lambda c: c.since) if not c.unread()), excess))
         for c in idle:
             c._close()
-        rest = [c for c in guarded if c not in idle]
-        unread = sorted((c for c in rest if c.unread_since is not None), key=lambda c: c.unread_since)
-        if len(idle) + len(unread) < excess:
-            unread += sorted((c for c in rest if c.unread_since is None and c.pipelining()), key=lambda c: c.since)
-        for c in unread[: excess - len(idle)]:
+        need = excess - len(idle)
+        rest = [c for c in guarded if c not in idle] if need else []
+        cut = heapq.nsmallest(need, (c for c in rest if c.unread_since is not None), key=lambda c: c.unread_since)
+        if len(cut) < need:
+            pipelining = (c for c in rest if c.unread_since is None and c.pipelining())
+            cut += heapq.nsmallest(need - len(cut), pipelining, key=lambda c: c.since)
+        for c in cut:
             c._cut()
-        return len(idle) + len(unread) >= excess
+        return len(idle) + len(cut) >= excess
 
     def pipelining(self) -> bool:
-        """Its request is read whole and more bytes wait behind it: the next request, sent before this reply."""
+        """Its request is read whole and more bytes wait behind it (the next request, sent before this reply), or
+        its next request waits for a turn."""
+        if self in self.turns.waiting:
+            return True
         done = self.busy and self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
         return done and (self.conn.buffered() > 0 or self.unread() > 0)
 
@@ -298,7 +338,8 @@ class GuardedProtocol(H11Protocol):
 
 def make_server(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Server:
     """A uvicorn server of `app` whose connections follow `limits` (options: more uvicorn.Config settings)."""
-    protocol = type("GuardedProtocol", (GuardedProtocol,), {"limits": limits})
+    shared = {"limits": limits, "turns": Turns(), "refusals": RefusalCounts()}  # this server's connections share
+    protocol = type("GuardedProtocol", (GuardedProtocol,), shared)
     config = uvicorn.Config(
         app,
         http=protocol,

@@ -1,14 +1,20 @@
-"""Each checkpoint's translations, one at a time in its own thread, the earliest deadline first (nmt/serve/app.py).
+"""Each checkpoint's translations in two lanes, each a thread running one request at a time, the earliest deadline
+first (nmt/serve/app.py).
 
-    lane = Lane("nmt-model0")
-    future = lane.submit(len(text) * beam, model.translate, text, beam, max_pieces)   # a concurrent.futures.Future
+    lanes = Lanes("nmt-model0")
+    future = lanes.submit(len(text) * beam, model.translate, text, beam, max_pieces)   # a concurrent.futures.Future
+    # called as model.translate(text, beam, max_pieces, short): short is True in the short lane
 
-A checkpoint translates one request at a time. Served in order of arrival, a three-word request waited behind
-every long one before it: six clients asking for 150-word pages kept each checkpoint busy for seconds. So each
-request gets a deadline, its arrival plus SECONDS_PER_UNIT for each unit of its cost (the characters of its text
-times its beam), and the lane runs the earliest deadline first: a short request overtakes the long ones waiting,
-and a long one is overtaken only by requests that came less than its own allowance after it (10 s for 1,000
-characters, greedy), so none waits for ever. A translation in progress is never interrupted.
+Served in order of arrival, a three-word request waited behind every long one before it: six clients asking for
+150-word pages kept each checkpoint busy for seconds. So each request gets a deadline, its arrival plus
+SECONDS_PER_UNIT for each unit of its cost (the characters of its text times its beam), and a lane runs the
+earliest deadline first: a short request overtakes the long ones waiting, and a long one is overtaken only by
+requests that came less than its own allowance after it (10 s for 1,000 characters, greedy), so none waits for
+ever. A translation in progress is never interrupted, though, and on a busy machine a 100-piece one with
+self-attention took seconds; once long requests had waited past their allowance they came first again, and a
+three-word request waited for two or three of them. So requests of cost up to SHORT (200 characters greedy, 40
+with a beam of 5) have a lane of their own beside the long one: a short request never waits for a long one, and
+a checkpoint translates at most two requests at once (nmt.serve.models.ServedModel: a lock per lane).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from concurrent.futures import Future
 from typing import Any
 
 SECONDS_PER_UNIT = 0.01  # a request's allowance for each character of its text, times its beam
+SHORT = 200  # the most cost (characters times beam) of a request of the short lane
 
 
 class Lane:
@@ -53,3 +60,15 @@ class Lane:
                 future.set_result(fn(*args))
             except BaseException as e:  # the caller sees it (a model's bug: a 500 naming a logged id)
                 future.set_exception(e)
+
+
+class Lanes:
+    """A checkpoint's two lanes: requests of cost up to SHORT in the short one, the others in the long one."""
+
+    def __init__(self, name: str):
+        self.long, self.short = Lane(name), Lane(f"{name}-short")
+
+    def submit(self, cost: float, fn: Callable[..., Any], *args: Any) -> Future:
+        """fn(*args, short) in its lane, short = whether that is the short lane."""
+        short = cost <= SHORT
+        return (self.short if short else self.long).submit(cost, fn, *args, short)

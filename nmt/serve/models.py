@@ -5,8 +5,10 @@
     reply["results"][1]["weights"]        # (len(tgt_pieces), len(src_pieces)) nested lists
     reply["results"][1]["self_attention"] # None, or {"layers", "heads", "weights": [layer][head][query][key]}
 
-Each model has a lock: a model translates one request at a time, while different models (and so the
-checkpoints of one request) may run side by side in threads. Inputs are bounded before any model runs:
+Each model has two locks, one per lane (nmt/serve/lanes.py: short requests have a lane of their own): a model
+translates at most one long and one short request at once (its weights are only read; the two share its
+Translators, made while neither translates), and different models (so the checkpoints of one request) run side
+by side in threads. Inputs are bounded before any model runs:
 a text over `Limits.max_chars` characters is cut there, a source over `Limits.max_pieces` pieces is cut
 by the Translator to that many (EOS kept), and both cuts are reported as notes in the reply. Nothing here
 knows about HTTP (nmt/serve/app.py); the HTML page is drawn by nmt/serve/page.py.
@@ -40,6 +42,16 @@ class RequestError(NMTError):
         self.status = status
 
 
+def rounded(weights: torch.Tensor) -> list:
+    """`weights` as nested lists of floats rounded to WEIGHT_DIGITS decimals, each equal to round(w, WEIGHT_DIGITS),
+    computed by torch: a float32 (or bf16) weight times 10**4 is exact in float64, rounded half to even like
+    round(), and k / 10**4 is the float nearest that decimal. A loop of round() over a self-attention reply's
+    160,000 weights held the interpreter lock for most of a second on a busy machine, and every other thread of
+    the server (the event loop included) waited for it."""
+    scale = 10.0**WEIGHT_DIGITS
+    return weights.detach().to("cpu", torch.float64).mul(scale).round().div(scale).tolist()
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask for; each bound has a command-line option in nmt-serve."""
@@ -66,7 +78,8 @@ class ServedModel:
     tokenizer: Tokenizer
     device: str
     amp: str = "auto"
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the long lane's (and translate_all's)
+    short_lock: threading.Lock = field(default_factory=threading.Lock)  # the short lane's
     _translators: dict[tuple[int, int], Translator] = field(default_factory=dict)
 
     @property
@@ -78,7 +91,7 @@ class ServedModel:
         return bool(self.model.has_self_attention)
 
     def translator(self, beam: int, max_pieces: int) -> Translator:
-        """A Translator for these decoding settings (they share the model; call with the lock held)."""
+        """A Translator for these decoding settings (they share the model; call with both locks held to make one)."""
         key = (beam, max_pieces)
         if key not in self._translators:
             self._translators[key] = Translator(
@@ -86,9 +99,13 @@ class ServedModel:
             )
         return self._translators[key]
 
-    def translate(self, text: str, beam: int, max_pieces: int) -> dict:
-        """The best translation of `text` as plain values (see `translate_all`), under this model's lock."""
-        with self.lock:
+    def translate(self, text: str, beam: int, max_pieces: int, short: bool = False) -> dict:
+        """The best translation of `text` as plain values (see `translate_all`), under the lock of the short lane
+        or of the long one."""
+        if (beam, max_pieces) not in self._translators:
+            with self.lock, self.short_lock:  # Translator() moves the model to its device: not while it translates
+                self.translator(beam, max_pieces)
+        with self.short_lock if short else self.lock:
             start = time.perf_counter()
             n_pieces = len(self.tokenizer.encode_src([text])[0]) if text.strip() else 0
             translator = self.translator(beam, max_pieces)
@@ -101,7 +118,7 @@ class ServedModel:
                 f"the text has {n_pieces} source pieces for this model, over the limit of {max_pieces}; "
                 f"translated its first {max_pieces - 1} (and the end-of-sentence piece)"
             )
-        weights = [[round(w, WEIGHT_DIGITS) for w in row] for row in best.attention.tolist()]
+        weights = rounded(best.attention)
         return {
             "model": self.index,
             "label": self.label,
@@ -126,8 +143,7 @@ class ServedModel:
             return {"layers": layers, "heads": heads, "weights": [[[] for _ in range(heads)] for _ in range(layers)]}
         if tuple(weights.shape) != (layers, heads, n_src, n_src):
             raise RuntimeError(f"self-attention weights of shape {tuple(weights.shape)} for {n_src} source pieces")
-        rounded = [[[[round(w, WEIGHT_DIGITS) for w in row] for row in h] for h in layer] for layer in weights.tolist()]
-        return {"layers": layers, "heads": heads, "weights": rounded}
+        return {"layers": layers, "heads": heads, "weights": rounded(weights)}
 
     def describe(self) -> dict:
         """The label and settings, for GET /api/models."""
