@@ -5,7 +5,7 @@ puts each block between its markers; tests/test_serving_doc.py checks them):
   the code before the send deadline, with it, and the same phases of the two runs of every phase (with the page
   and chunk bounds; with the short lanes and turns as well);
 - pages_block: its page readers, chunkers and reconnecting never-readers, before the page and chunk bounds, with
-  them, and with the short lanes and turns as well (PAGE_RUNS);
+  them, and with the short lanes and turns as well, on the busy machine and with its trainings paused (PAGE_RUNS);
 - latency_block: `scripts/serve_latency.py`'s start-up and latency (serve_latency.json).
 
 Each block first names its files with the command that wrote each, the CPU, the load average before the run and
@@ -36,6 +36,7 @@ PAGE_RUNS = (
     ("before the page and chunk bounds", DOCS / "serve_flood_before_page_bounds.json"),
     ("with them", DOCS / "serve_flood_before_lanes.json"),
     ("with the short lanes and turns too", DOCS / "serve_flood.json"),
+    ("the same, the machine's two trainings paused", DOCS / "serve_flood_trainings_paused.json"),
 )
 LATENCY = DOCS / "serve_latency.json"
 # the key of each phase in a serve_flood.py report
