@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -100,6 +101,14 @@ def _ngrams(tokens: list[str]) -> Counter:
     return Counter(tuple(tokens[i : i + n]) for n in range(1, ORDER + 1) for i in range(len(tokens) - n + 1))
 
 
+@lru_cache(maxsize=4096)
+def _reference(ref: str) -> tuple[int, Counter]:
+    """A reference's length in tokens and its n-gram counts (shared: read, never change them). A study scores every
+    run and decoding against the same references: each is tokenized and counted once while it stays in the cache."""
+    tokens = _TOKENIZE(ref.rstrip()).split()
+    return len(tokens), _ngrams(tokens)
+
+
 def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
     """BLEU's sufficient statistics per sentence, (N, 2 + 2 * ORDER) int64: hypothesis length, reference
     length, matched n-grams for n = 1..4 (clipped by the reference's counts), hypothesis n-grams n = 1..4.
@@ -111,9 +120,9 @@ def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> np.
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     stats = np.zeros((len(hypotheses), 2 + 2 * ORDER), dtype=np.int64)
     for row, (hyp, ref) in zip(stats, zip(hypotheses, references, strict=True), strict=True):
-        h, r = _TOKENIZE(hyp.rstrip()).split(), _TOKENIZE(ref.rstrip()).split()
-        ref_counts = _ngrams(r)
-        row[0], row[1] = len(h), len(r)
+        h = _TOKENIZE(hyp.rstrip()).split()
+        row[1], ref_counts = _reference(ref)
+        row[0] = len(h)
         for gram, count in _ngrams(h).items():
             row[2 + ORDER + len(gram) - 1] += count
             row[2 + len(gram) - 1] += min(count, ref_counts.get(gram, 0))

@@ -31,7 +31,7 @@ TINY = [
 ]
 
 
-# The test files that take longest, longest first (CI's 2 cores, 2026-12). pytest-xdist (pyproject's addopts:
+# The test files that take longest, longest first (CI's 2 cores). pytest-xdist (pyproject's addopts:
 # `-n 2 --dist loadfile --no-loadscope-reorder`) hands whole files to its two workers in collection order, so these
 # start first and the many short files fill in at the end, when one worker would otherwise idle.
 SLOWEST_FIRST = (
@@ -43,10 +43,15 @@ SLOWEST_FIRST = (
     "test_distributed.py",
     "test_study.py",
     "test_serve.py",
+    "test_nothing_lost.py",
+    "test_performance_doc.py",
     "test_model.py",
     "test_energy.py",
     "test_cpp_kernels.py",
     "test_packaging.py",
+    "test_resume.py",
+    "test_rundir.py",
+    "test_rerun.py",
 )
 
 

@@ -4,9 +4,12 @@ once; the plan is logged, and recorded in metrics.json and in every checkpoint."
 
 import json
 import logging
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import BIN, TINY
 
 from nmt.checkpoint import load_checkpoint
 from nmt.errors import ConfigError
@@ -94,17 +97,28 @@ def test_a_call_the_kernel_does_not_take_is_logged_once_with_why(caplog, monkeyp
     assert not caplog.records
 
 
-def test_a_quick_runs_metrics_and_checkpoints_carry_the_plan(quick_run):
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """`nmt-train experiment=quick` shrunk to 6 steps (conftest.TINY): its run directory. The plan is chosen before
+    step 1, so the preset's few steps show it as well as a long run."""
+    root = tmp_path_factory.mktemp("plan")
+    cmd = [str(BIN / "nmt-train"), *TINY, f"hydra.run.dir={root / 'run'}", f"paths.data_dir={root / 'data'}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return root / "run"
+
+
+def test_a_quick_runs_metrics_and_checkpoints_carry_the_plan(tiny_run):
     """`nmt-train experiment=quick`: metrics.json's plan names every component with a reason, and each checkpoint's
     provenance holds the same plan."""
-    metrics = json.loads((quick_run / "metrics.json").read_text())
+    metrics = json.loads((tiny_run / "metrics.json").read_text())
     plan = metrics["plan"]
     assert len(plan) >= 6 and all(p["implementation"] and p["reason"] for p in plan.values())
     assert {"encoder", "decoder_step", "attention_energy", "output_loss", "dropout_mask", "beam_topk"} <= set(plan)
     assert {"allocator", "threads"} <= set(plan)
     assert isinstance(metrics["fallbacks"], list)
     for name in ("best.pt", "last.pt"):
-        assert load_checkpoint(quick_run / "checkpoints" / name)["provenance"]["plan"] == plan
-    log = (quick_run / "train.log").read_text()
+        assert load_checkpoint(tiny_run / "checkpoints" / name)["provenance"]["plan"] == plan
+    log = (tiny_run / "train.log").read_text()
     assert "plan:" in log and all(f"  {component} " in log for component in plan)  # the table, before step 1
     assert log.index("plan:") < log.index("step ")

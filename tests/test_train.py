@@ -202,15 +202,35 @@ def test_multirun_makes_one_run_per_attention(tmp_path, data_dir):
     assert names == {"none", "luong"}
 
 
-@pytest.mark.parametrize("command", ["nmt-train", "nmt-prepare", "nmt-evaluate"])
-def test_each_hydra_command_has_its_own_help(command):
+HYDRA_COMMANDS = ("nmt-train", "nmt-prepare", "nmt-evaluate")
+# Each console script's entry point as its wrapper calls it (argv[0] the script's path, then --help), one after the
+# other in one Python, each answer after a NUL line: one start of Python and torch for the three.
+HELP_EACH = """import contextlib, io, sys
+from importlib.metadata import entry_points
+for path in sys.argv[1:]:
+    name = path.rsplit("/", 1)[-1]
+    sys.argv, out, code = [path, "--help"], io.StringIO(), 0
+    with contextlib.redirect_stdout(out):
+        try:
+            entry_points(group="console_scripts")[name].load()()
+        except SystemExit as e:
+            code = e.code or 0
+    print(f"\\0{name} {code}")
+    print(out.getvalue(), end="")
+"""
+
+
+def test_each_hydra_command_has_its_own_help():
     """--help describes the command asked for (nmt-prepare shares nmt-train's config, not its help)."""
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / command), "--help"], capture_output=True, text=True, timeout=120
-    )
+    paths = [str(Path(sys.executable).parent / command) for command in HYDRA_COMMANDS]
+    proc = subprocess.run([sys.executable, "-c", HELP_EACH, *paths], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith(f"{command}: ")
-    assert "Examples:" in proc.stdout and f"  {command} " in proc.stdout
+    answers = dict(part.split("\n", 1) for part in proc.stdout.split("\0")[1:])
+    assert list(answers) == [f"{command} 0" for command in HYDRA_COMMANDS], proc.stdout[-2000:]
+    for command in HYDRA_COMMANDS:
+        text = answers[f"{command} 0"]
+        assert text.startswith(f"{command}: "), text[:200]
+        assert "Examples:" in text and f"  {command} " in text
 
 
 # ------------------------------------------------------------------------- schedules and validation, in process
