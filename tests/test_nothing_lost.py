@@ -18,6 +18,7 @@ import pickle
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -247,6 +248,38 @@ def test_ctrl_c_in_a_commands_first_seconds_is_one_line_and_leaves_no_directory(
             assert proc.stderr.rstrip().endswith("nmt-train: interrupted"), proc.stderr[-500:]
             assert not (tmp_path / "outputs").exists(), list((tmp_path / "outputs").rglob("*"))
         shutil.rmtree(tmp_path / "outputs", ignore_errors=True)
+
+
+SIGINT_WHILE_LOADING = """
+import importlib.abc, os, signal, sys
+
+
+class Interrupt(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "nmt.cli.interrupt":  # Ctrl-C while the module that handles it is being imported
+            print(signal.getsignal(signal.SIGINT) is signal.SIG_DFL, file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+
+sys.meta_path.insert(0, Interrupt())
+"""
+
+
+def test_ctrl_c_while_the_interrupt_handler_itself_loads_ends_the_command_without_a_word(tmp_path):
+    """A Ctrl-C after Python has started the command but before nmt.cli.interrupt is imported (its imports take a
+    few milliseconds): the signal's default action, no traceback; a library user's handler is left alone."""
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_WHILE_LOADING)  # imported by Python's start-up
+    env = ENV | {"PYTHONPATH": str(tmp_path)}
+    command = subprocess.run(
+        [str(BIN / "nmt-train"), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert command.returncode == -signal.SIGINT, (command.returncode, command.stderr[-2000:])
+    assert command.stderr.strip() == "True" and command.stdout == ""  # the default action, nothing printed
+    library = subprocess.run(
+        [sys.executable, "-c", "import nmt.cli"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "KeyboardInterrupt" in library.stderr  # Python's own handler, as ever
 
 
 def test_a_refused_command_leaves_no_empty_dated_folder(tmp_path):

@@ -26,25 +26,11 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from nmt.cli.command import command_name  # noqa: F401  (the commands' name, as before)
+
 STATUS = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 _state = {"phase": "loading", "prog": "nmt", "raised": False, "again": False, "installed": False}
 _cleanups: list[Callable[[], None]] = []
-
-
-def command_name(argv: list[str] | None = None) -> str | None:
-    """The command this process is, from the interpreter's own command line: "nmt-train" for the console script
-    or `python -m nmt.cli.train`; None for anything else (a library user, the tests, a script)."""
-    args = iter((list(getattr(sys, "orig_argv", [])) if argv is None else argv)[1:])
-    for arg in args:  # the interpreter's options, up to the program (as nmt.memory.started_as_command)
-        if arg in ("-m", "-c"):
-            module = next(args, "") if arg == "-m" else ""
-            return f"nmt-{module.rpartition('.')[2]}" if module.startswith("nmt.cli.") else None
-        if arg in ("-X", "-W", "--check-hash-based-pycs"):
-            next(args, None)
-        elif not arg.startswith("-"):
-            name = os.path.basename(arg)
-            return name if name.startswith("nmt-") else None
-    return None
 
 
 def install(prog: str) -> None:
