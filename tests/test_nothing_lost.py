@@ -279,7 +279,8 @@ def test_ctrl_c_while_the_interrupt_handler_itself_loads_ends_the_command_withou
     library = subprocess.run(
         [sys.executable, "-c", "import nmt.cli"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
-    assert "KeyboardInterrupt" in library.stderr  # Python's own handler, as ever
+    # the handler the process had (Python's, or ignored where the test runner's worker ignores SIGINT), untouched
+    assert library.stderr.startswith("False\n"), library.stderr[-2000:]
 
 
 def test_a_refused_command_leaves_no_empty_dated_folder(tmp_path):
